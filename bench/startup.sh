@@ -14,7 +14,7 @@
 #   ONLY    space-separated subset of rows: baseline corral bwrap crun runc runsc
 #
 # Must run as root: the OCI runtimes need it for cgroup v1, and crun needs a
-# private mount namespace (see run_crun).
+# private mount namespace (see the crun row).
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -43,7 +43,7 @@ fi
 # --- 1. tools -----------------------------------------------------------------
 # Debian bookworm names; gVisor's runsc is the package `runsc`, not `gvisor`.
 install_tools() {
-    local pkgs=(bubblewrap crun runc runsc hyperfine busybox-static python3 util-linux)
+    local pkgs=(bubblewrap crun runc runsc hyperfine python3 util-linux)
     local missing=() p
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
@@ -141,8 +141,15 @@ bench() {
         printf '%s\t%s\t\t%s\t%s\n' "$key" "$label" "FAILED: $(head -c 200 "$WORK/probe-$key.log" | tr '\t\n' '  ')" "$cmd" >>"$MANIFEST"
         return 0
     fi
-    "${HF_PREFIX[@]}" hyperfine -N --warmup "$WARMUP" --runs "$RUNS" --style basic \
-        "${hf_opts[@]}" --export-json "$json" --command-name "$label" "$cmd" >&2
+    # A run failing half-way (hyperfine stops at the first non-zero exit)
+    # loses this row only, not the rows after it.
+    if ! "${HF_PREFIX[@]}" hyperfine -N --warmup "$WARMUP" --runs "$RUNS" --style basic \
+        "${hf_opts[@]}" --export-json "$json" --command-name "$label" "$cmd" >&2; then
+        echo "!! $label failed during the benchmark; row dropped" >&2
+        rm -f "$json"
+        printf '%s\t%s\t\t%s\t%s\n' "$key" "$label" "FAILED during hyperfine (see stderr)" "$cmd" >>"$MANIFEST"
+        return 0
+    fi
     printf '%s\t%s\t%s\t%s\t%s\n' "$key" "$label" "$json" "$notes" "$cmd" >>"$MANIFEST"
 }
 HF_PREFIX=()

@@ -70,7 +70,9 @@ def main():
         out.append(f"- {label}: `{cmd}`")
     out += ["", "p50/p99 are computed from hyperfine's per-run `times` (linear interpolation "
             "between ranks; with n runs p99 sits at rank 0.99*(n-1), i.e. between the two slowest runs for n < 100). "
-            "Wall-clock from launch to exit, including the runtime's own teardown."]
+            "Wall-clock from launch to exit, including the runtime's own teardown. "
+            "The OCI bundles lived in a scratch directory that is removed after the run; "
+            "their config.json files are kept as `bench/out/oci-config-<runtime>.json`."]
 
     text = "\n".join(out) + "\n"
     with open(out_md, "w") as f:

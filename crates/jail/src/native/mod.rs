@@ -1,0 +1,1 @@
+//! The native backend: Linux namespaces, overlayfs, cgroups, seccomp and Landlock.
