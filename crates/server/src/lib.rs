@@ -1,1 +1,168 @@
+//! The corral daemon: keeps sandboxes (through a [`corral_jail::Backend`]), their state in
+//! SQLite, and serves the HTTP API under `/v1`.
+//!
+//! [`serve`] is all a binary needs; [`bind`] exists so callers (and tests) can listen on
+//! port 0, learn the address, and control shutdown.
+#![forbid(unsafe_code)]
 
+mod agent_client;
+mod api;
+mod auth;
+mod db;
+mod error;
+mod manager;
+mod openapi;
+mod time;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use corral_jail::Backend;
+
+pub use error::ApiError;
+pub use manager::SandboxInfo;
+
+/// Where the HTTP API listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// Port 0 picks a free port; see [`RunningServer::local_addr`].
+    Tcp(SocketAddr),
+    /// A unix socket; a stale socket file at the path is replaced.
+    Unix(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: ListenAddr,
+    /// Holds `corral.db` and `sandboxes/<id>/`. Created if missing.
+    pub data_dir: PathBuf,
+    /// Accept exactly this key (e.g. from `CORRAL_API_KEY`). When `None`, a key is generated
+    /// on first start, printed once to stderr, and only its hash is kept.
+    pub api_key: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("database: {0}")]
+    Db(#[from] db::DbError),
+}
+
+impl ServerError {
+    fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        ServerError::Io { what: what.into(), source }
+    }
+}
+
+enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// A bound, not yet serving daemon.
+pub struct RunningServer {
+    listener: Listener,
+    manager: Arc<manager::Manager>,
+    router: axum::Router,
+    generated_api_key: Option<String>,
+}
+
+/// Binds, opens the database, generates the API key and serves until SIGINT/SIGTERM; then
+/// destroys every running sandbox.
+pub async fn serve(config: ServerConfig, backend: Arc<dyn Backend>) -> Result<(), ServerError> {
+    bind(config, backend).await?.run_until(shutdown_signal()).await
+}
+
+/// Everything [`serve`] does before accepting connections.
+pub async fn bind(config: ServerConfig, backend: Arc<dyn Backend>) -> Result<RunningServer, ServerError> {
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| ServerError::io(format!("creating {}", config.data_dir.display()), e))?;
+    restrict_permissions(&config.data_dir, 0o700)?;
+    let db_path = config.data_dir.join("corral.db");
+    let db = db::Db::open(&db_path)?;
+    restrict_permissions(&db_path, 0o600)?;
+
+    let (keys, generated_api_key) = auth::ApiKeys::load(&db, config.api_key.as_deref()).await?;
+    if let Some(key) = &generated_api_key {
+        // Printed once: only the hash is stored, so this is the only chance to see it.
+        eprintln!("corral: generated a new API key (shown only once, store it now)");
+        eprintln!("API key: {key}");
+    }
+
+    let manager = manager::Manager::new(backend, db, config.data_dir.join("sandboxes")).await?;
+    manager.clone().spawn_reaper();
+
+    let listener = match &config.listen {
+        ListenAddr::Tcp(addr) => Listener::Tcp(
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| ServerError::io(format!("binding {addr}"), e))?,
+        ),
+        ListenAddr::Unix(path) => {
+            if std::fs::symlink_metadata(path).is_ok() {
+                std::fs::remove_file(path).map_err(|e| ServerError::io(format!("removing stale {}", path.display()), e))?;
+            }
+            let listener = tokio::net::UnixListener::bind(path)
+                .map_err(|e| ServerError::io(format!("binding {}", path.display()), e))?;
+            restrict_permissions(path, 0o600)?;
+            Listener::Unix(listener)
+        }
+    };
+    let router = api::router(manager.clone(), Arc::new(keys));
+    Ok(RunningServer { listener, manager, router, generated_api_key })
+}
+
+impl RunningServer {
+    /// The TCP address actually bound (useful with port 0); `None` on a unix socket.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.listener {
+            Listener::Tcp(l) => l.local_addr().ok(),
+            Listener::Unix(_) => None,
+        }
+    }
+
+    /// The key generated at this start, if one was (it is also printed to stderr).
+    pub fn generated_api_key(&self) -> Option<&str> {
+        self.generated_api_key.as_deref()
+    }
+
+    /// Serves until `shutdown` resolves, then destroys every running sandbox.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+        let manager = self.manager.clone();
+        // Sandboxes go first: that ends their exec/watch streams, which graceful shutdown
+        // would otherwise wait for forever.
+        let shutdown = async move {
+            shutdown.await;
+            manager.shutdown().await;
+        };
+        let result = match self.listener {
+            Listener::Tcp(l) => axum::serve(l, self.router).with_graceful_shutdown(shutdown).await,
+            Listener::Unix(l) => axum::serve(l, self.router).with_graceful_shutdown(shutdown).await,
+        };
+        result.map_err(|e| ServerError::io("serving HTTP", e))
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down");
+}
+
+fn restrict_permissions(path: &std::path::Path, mode: u32) -> Result<(), ServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| ServerError::io(format!("setting permissions on {}", path.display()), e))
+}

@@ -1,0 +1,38 @@
+//! Landlock as a second fence behind the mount namespace.
+//!
+//! Inside the sandbox everything under its own root stays usable, except creating device
+//! nodes; and processes may not connect to abstract unix sockets or signal processes created
+//! outside the sandbox's Landlock domain. If the mount setup ever leaked a host path into the
+//! sandbox, this would not be what stops reads of it — the mount namespace is; Landlock here
+//! guards device creation and cross-domain IPC even for root inside.
+
+use landlock::{Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI};
+
+/// Whether Landlock was enforced, for `corral inspect` and the security report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceStatus {
+    Enforced,
+    PartiallyEnforced,
+    Unavailable,
+}
+
+/// Restricts the calling thread and its future children. Best effort: kernels without
+/// Landlock still get the rest of the jail.
+pub fn apply() -> Result<FenceStatus, String> {
+    let abi = ABI::V6;
+    let all = AccessFs::from_all(abi);
+    let allowed = all & !(AccessFs::MakeChar | AccessFs::MakeBlock);
+    let root = landlock::PathFd::new("/").map_err(|e| format!("landlock: open /: {e}"))?;
+    let status = Ruleset::default()
+        .handle_access(all)
+        .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
+        .and_then(|r| r.create())
+        .and_then(|r| r.add_rule(landlock::PathBeneath::new(root, allowed)))
+        .and_then(|r| r.restrict_self())
+        .map_err(|e| format!("landlock: {e}"))?;
+    Ok(match status.ruleset {
+        landlock::RulesetStatus::FullyEnforced => FenceStatus::Enforced,
+        landlock::RulesetStatus::PartiallyEnforced => FenceStatus::PartiallyEnforced,
+        landlock::RulesetStatus::NotEnforced => FenceStatus::Unavailable,
+    })
+}

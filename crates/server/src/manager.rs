@@ -1,0 +1,482 @@
+//! Owns every sandbox: creation, the id-range slots, the agent connections, expiry and
+//! release. The database is the record; `live` holds what only this process can hold
+//! (backend handles and agent connections).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use corral_jail::{AgentAddress, AgentBoot, Backend, JailConfig, JailError, ResourceUsage, Sandbox, ID_RANGE};
+use corral_proto::{Mux, Role};
+use corral_spec::{ResolvedLimits, SandboxSpec, MAX_TIMEOUT_SECS};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::db::{Db, SandboxRow, State};
+use crate::error::ApiError;
+use crate::time::{now_ms, rfc3339};
+use crate::ServerError;
+
+/// Host ids below this are left to the host's own users.
+const FIRST_HOST_ID: u32 = 200_000;
+/// As many `ID_RANGE`-sized slots as fit between `FIRST_HOST_ID` and `u32::MAX`.
+const MAX_SLOTS: u32 = ((u32::MAX - FIRST_HOST_ID) / ID_RANGE) - 1;
+const REAP_INTERVAL: Duration = Duration::from_millis(500);
+/// How long ended sandboxes stay listed.
+const RETENTION_MS: i64 = 24 * 3600 * 1000;
+const PURGE_INTERVAL_MS: i64 = 10 * 60 * 1000;
+const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const ID_LEN: usize = 20;
+
+/// A sandbox as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub template: String,
+    /// `running`, `killed` or `exited`.
+    pub state: String,
+    pub limits: ResolvedLimits,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    pub expires_at: String,
+    /// Seconds the sandbox was given when created or when its timeout was last set.
+    pub timeout: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    /// Why it ended: `killed`, `timeout`, `exited`, `shutdown`, `daemon_restarted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<String>,
+}
+
+impl From<&SandboxRow> for SandboxInfo {
+    fn from(row: &SandboxRow) -> Self {
+        SandboxInfo {
+            id: row.id.clone(),
+            template: row.spec.template().to_string(),
+            state: row.state.as_str().to_string(),
+            limits: row.limits,
+            metadata: row.spec.metadata.clone(),
+            created_at: rfc3339(row.created_at),
+            expires_at: rfc3339(row.expires_at),
+            timeout: row.timeout_secs,
+            ended_at: row.ended_at.map(rfc3339),
+            end_reason: row.end_reason.clone(),
+        }
+    }
+}
+
+/// What only this process holds for a running sandbox.
+struct Live {
+    id: String,
+    sandbox: Box<dyn Sandbox>,
+    address: AgentAddress,
+    /// The agent connection, opened lazily again if it drops.
+    mux: tokio::sync::Mutex<Option<Mux>>,
+    slot: u32,
+    run_dir: PathBuf,
+    /// True once released; the lock makes concurrent kills wait for the first one.
+    released: tokio::sync::Mutex<bool>,
+}
+
+impl Live {
+    async fn agent(&self) -> Result<Mux, ApiError> {
+        let mut current = self.mux.lock().await;
+        if let Some(mux) = current.as_ref().filter(|m| !m.is_closed()) {
+            return Ok(mux.clone());
+        }
+        let path = match &self.address {
+            AgentAddress::Unix { path } => path,
+        };
+        let agent_error = |msg: String| ApiError::new(StatusCode::BAD_GATEWAY, "agent_error", msg);
+        let stream = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, tokio::net::UnixStream::connect(path))
+            .await
+            .map_err(|_| agent_error("timed out connecting to the sandbox agent".into()))?
+            .map_err(|e| agent_error(format!("connecting to the sandbox agent: {e}")))?;
+        let (mux, mut incoming) = Mux::new(stream, Role::Host);
+        // The agent has no business opening streams towards the host; refuse them.
+        tokio::spawn(async move {
+            while let Some((_, mut stream)) = incoming.accept().await {
+                stream.sender.reset();
+            }
+        });
+        *current = Some(mux.clone());
+        Ok(mux)
+    }
+}
+
+pub struct Manager {
+    backend: Arc<dyn Backend>,
+    db: Db,
+    sandboxes_dir: PathBuf,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Slots taken by sandboxes being created or running.
+    slots: Mutex<BTreeSet<u32>>,
+    last_purge: Mutex<i64>,
+}
+
+/// Locks a std mutex whose data stays consistent even if a holder panicked.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Manager {
+    pub async fn new(backend: Arc<dyn Backend>, db: Db, sandboxes_dir: PathBuf) -> Result<Arc<Manager>, ServerError> {
+        std::fs::create_dir_all(&sandboxes_dir)
+            .map_err(|e| ServerError::io(format!("creating {}", sandboxes_dir.display()), e))?;
+        let manager = Arc::new(Manager {
+            backend,
+            db,
+            sandboxes_dir,
+            live: Mutex::new(HashMap::new()),
+            slots: Mutex::new(BTreeSet::new()),
+            last_purge: Mutex::new(0),
+        });
+        manager.forget_previous_run().await?;
+        Ok(manager)
+    }
+
+    /// Sandboxes a previous daemon left running cannot be re-attached (the backend API has
+    /// no way to adopt them), so they are recorded as ended and their files removed.
+    async fn forget_previous_run(&self) -> Result<(), ServerError> {
+        for row in self.db.unfinished().await? {
+            tracing::warn!(id = %row.id, "sandbox from a previous run is no longer managed; marking it exited");
+            self.db.mark_ended(&row.id, State::Exited, "daemon_restarted", now_ms()).await?;
+            remove_dir(self.sandboxes_dir.join(&row.id)).await;
+        }
+        Ok(())
+    }
+
+    pub async fn create(self: &Arc<Self>, spec: SandboxSpec) -> Result<SandboxInfo, ApiError> {
+        let limits = spec.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
+        let this = self.clone();
+        // Run to completion even if the client hangs up: a started sandbox must end up
+        // either recorded as running or destroyed.
+        tokio::spawn(async move { this.create_inner(spec, limits).await })
+            .await
+            .map_err(|e| ApiError::internal(format!("create task failed: {e}")))?
+    }
+
+    async fn create_inner(&self, spec: SandboxSpec, limits: ResolvedLimits) -> Result<SandboxInfo, ApiError> {
+        let slot = self.alloc_slot()?;
+        let now = now_ms();
+        let timeout_secs = spec.timeout_secs();
+        let mut row = SandboxRow {
+            id: new_id(),
+            spec,
+            limits,
+            state: State::Creating,
+            created_at: now,
+            expires_at: now.saturating_add(timeout_secs as i64 * 1000),
+            timeout_secs,
+            host_pid: None,
+            agent_address: None,
+            host_id_base: slot_base(slot),
+            ended_at: None,
+            end_reason: None,
+        };
+        // Recorded before starting, so a crash mid-start leaves a trace for the next run.
+        if let Err(e) = self.db.insert_sandbox(row.clone()).await {
+            self.free_slot(slot);
+            return Err(e.into());
+        }
+        let run_dir = self.sandboxes_dir.join(&row.id);
+        let live = match self.start(&row, slot, run_dir.clone()).await {
+            Ok(live) => live,
+            Err(err) => {
+                remove_dir(run_dir).await;
+                if let Err(e) = self.db.delete_sandbox(&row.id).await {
+                    tracing::error!(id = %row.id, %e, "could not delete the row of a failed sandbox");
+                }
+                self.free_slot(slot);
+                return Err(err);
+            }
+        };
+        row.state = State::Running;
+        row.host_pid = live.sandbox.host_pid();
+        row.agent_address = Some(live.address.clone());
+        lock(&self.live).insert(row.id.clone(), live.clone());
+        if let Err(e) = self.db.mark_running(&row.id, row.host_pid, &live.address).await {
+            let _ = self.release(live, State::Exited, "failed").await;
+            return Err(e.into());
+        }
+        tracing::info!(id = %row.id, host_id_base = row.host_id_base, "sandbox started");
+        Ok(SandboxInfo::from(&row))
+    }
+
+    async fn start(&self, row: &SandboxRow, slot: u32, run_dir: PathBuf) -> Result<Arc<Live>, ApiError> {
+        tokio::fs::create_dir_all(&run_dir)
+            .await
+            .map_err(|e| ApiError::internal(format!("creating {}: {e}", run_dir.display())))?;
+        let config = JailConfig {
+            id: row.id.clone(),
+            template: row.spec.template().to_string(),
+            hostname: hostname(&row.id),
+            limits: row.limits,
+            volumes: row.spec.volumes.clone(),
+            run_dir: run_dir.clone(),
+            host_id_base: row.host_id_base,
+        };
+        let boot = AgentBoot { env: row.spec.env.clone() };
+        let backend = self.backend.clone();
+        let sandbox = tokio::task::spawn_blocking(move || backend.start(&config, &boot))
+            .await
+            .map_err(|e| ApiError::internal(format!("start task failed: {e}")))?
+            .map_err(jail_error)?;
+        let live = Arc::new(Live {
+            id: row.id.clone(),
+            address: sandbox.agent_address(),
+            sandbox,
+            mux: tokio::sync::Mutex::new(None),
+            slot,
+            run_dir,
+            released: tokio::sync::Mutex::new(false),
+        });
+        if let Err(err) = live.agent().await {
+            let l = live.clone();
+            let _ = tokio::task::spawn_blocking(move || l.sandbox.destroy()).await;
+            return Err(err);
+        }
+        Ok(live)
+    }
+
+    pub async fn get(&self, id: &str) -> Result<SandboxInfo, ApiError> {
+        match self.db.get_sandbox(id).await? {
+            Some(row) if row.state != State::Creating => Ok(SandboxInfo::from(&row)),
+            _ => Err(not_found(id)),
+        }
+    }
+
+    /// Sandboxes in any of `states` (all when empty) whose metadata has every pair in `metadata`.
+    pub async fn list(&self, states: Vec<State>, metadata: &BTreeMap<String, String>) -> Result<Vec<SandboxInfo>, ApiError> {
+        let rows = self.db.list_sandboxes(states).await?;
+        Ok(rows
+            .iter()
+            .filter(|row| metadata.iter().all(|(k, v)| row.spec.metadata.get(k) == Some(v)))
+            .map(SandboxInfo::from)
+            .collect())
+    }
+
+    /// Kills a sandbox. Killing one that already ended is not an error.
+    pub async fn kill(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        let live = lock(&self.live).get(id).cloned();
+        match live {
+            Some(live) => {
+                let this = self.clone();
+                tokio::spawn(async move { this.release(live, State::Killed, "killed").await })
+                    .await
+                    .map_err(|e| ApiError::internal(format!("kill task failed: {e}")))?
+            }
+            None => self.get(id).await.map(|_| ()),
+        }
+    }
+
+    pub async fn set_timeout(&self, id: &str, secs: u64) -> Result<SandboxInfo, ApiError> {
+        if secs == 0 || secs > MAX_TIMEOUT_SECS {
+            return Err(ApiError::invalid(format!("timeout {secs} is out of range (1 to {MAX_TIMEOUT_SECS} seconds)")));
+        }
+        self.live(id).await?;
+        let expires_at = now_ms().saturating_add(secs as i64 * 1000);
+        if !self.db.set_expiry(id, expires_at, secs).await? {
+            return Err(ApiError::conflict(format!("sandbox {id} is not running")));
+        }
+        self.get(id).await
+    }
+
+    /// The agent connection of a running sandbox.
+    pub async fn agent(&self, id: &str) -> Result<Mux, ApiError> {
+        self.live(id).await?.agent().await
+    }
+
+    pub async fn usage(&self, id: &str) -> Result<ResourceUsage, ApiError> {
+        let live = self.live(id).await?;
+        tokio::task::spawn_blocking(move || live.sandbox.usage())
+            .await
+            .map_err(|e| ApiError::internal(format!("usage task failed: {e}")))?
+            .map_err(jail_error)
+    }
+
+    /// Number of sandboxes this process holds; for tests and metrics.
+    pub fn live_count(&self) -> usize {
+        lock(&self.live).len()
+    }
+
+    async fn live(&self, id: &str) -> Result<Arc<Live>, ApiError> {
+        if let Some(live) = lock(&self.live).get(id).cloned() {
+            return Ok(live);
+        }
+        match self.db.get_sandbox(id).await? {
+            Some(row) if row.state != State::Creating => {
+                Err(ApiError::conflict(format!("sandbox {id} is not running (state: {})", row.state.as_str())))
+            }
+            _ => Err(not_found(id)),
+        }
+    }
+
+    /// Destroys the sandbox and frees everything it held: backend resources, the agent
+    /// connection, its run directory and its id slot. Safe to call concurrently.
+    async fn release(&self, live: Arc<Live>, state: State, reason: &str) -> Result<(), ApiError> {
+        let mut released = live.released.lock().await;
+        if *released {
+            return Ok(());
+        }
+        let l = live.clone();
+        tokio::task::spawn_blocking(move || l.sandbox.destroy())
+            .await
+            .map_err(|e| ApiError::internal(format!("destroy task failed: {e}")))?
+            .map_err(|e| {
+                // The slot stays taken: reusing ids of a sandbox that may still run would
+                // let two sandboxes share users. The reaper retries.
+                tracing::error!(id = %live.id, %e, "destroying sandbox failed");
+                ApiError::internal(format!("destroying sandbox: {e}"))
+            })?;
+        *released = true;
+        live.mux.lock().await.take();
+        let recorded = self.db.mark_ended(&live.id, state, reason, now_ms()).await;
+        lock(&self.live).remove(&live.id);
+        remove_dir(live.run_dir.clone()).await;
+        self.free_slot(live.slot);
+        tracing::info!(id = %live.id, reason, "sandbox released");
+        recorded?;
+        Ok(())
+    }
+
+    pub fn spawn_reaper(self: Arc<Self>) {
+        let weak = Arc::downgrade(&self);
+        drop(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REAP_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tick.tick().await;
+                // Holding only a weak reference lets the manager (and this task) go away
+                // when the server is dropped.
+                let Some(manager) = weak.upgrade() else { break };
+                manager.reap_once().await;
+            }
+        });
+    }
+
+    /// Kills expired sandboxes, releases those whose init died, forgets old ended ones.
+    async fn reap_once(&self) {
+        let now = now_ms();
+        match self.db.expired(now).await {
+            Ok(ids) => {
+                let expired: Vec<_> = ids.iter().filter_map(|id| lock(&self.live).get(id).cloned()).collect();
+                let kills = expired.into_iter().map(|live| self.release(live, State::Killed, "timeout"));
+                for result in futures::future::join_all(kills).await {
+                    if let Err(e) = result {
+                        tracing::warn!(%e, "killing an expired sandbox failed");
+                    }
+                }
+            }
+            Err(e) => tracing::error!(%e, "reading expired sandboxes failed"),
+        }
+
+        let lives: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
+        if !lives.is_empty() {
+            let dead = tokio::task::spawn_blocking(move || {
+                lives.into_iter().filter(|l| !l.sandbox.is_running()).collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            let releases = dead.into_iter().map(|live| self.release(live, State::Exited, "exited"));
+            for result in futures::future::join_all(releases).await {
+                if let Err(e) = result {
+                    tracing::warn!(%e, "releasing an exited sandbox failed");
+                }
+            }
+        }
+
+        let purge_due = {
+            let mut last = lock(&self.last_purge);
+            let due = now - *last >= PURGE_INTERVAL_MS;
+            if due {
+                *last = now;
+            }
+            due
+        };
+        if purge_due {
+            if let Err(e) = self.db.purge_ended(now - RETENTION_MS).await {
+                tracing::warn!(%e, "purging old sandboxes failed");
+            }
+        }
+    }
+
+    /// Destroys every running sandbox; used on daemon shutdown.
+    pub async fn shutdown(&self) {
+        let lives: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
+        let releases = lives.into_iter().map(|live| self.release(live, State::Killed, "shutdown"));
+        for result in futures::future::join_all(releases).await {
+            if let Err(e) = result {
+                tracing::error!(%e, "destroying a sandbox at shutdown failed");
+            }
+        }
+    }
+
+    fn alloc_slot(&self) -> Result<u32, ApiError> {
+        let mut slots = lock(&self.slots);
+        // Lowest free slot: the first gap in the sorted set.
+        let slot = slots.iter().enumerate().find(|(i, s)| *i as u32 != **s).map_or(slots.len() as u32, |(i, _)| i as u32);
+        if slot >= MAX_SLOTS {
+            return Err(ApiError::unavailable("no free sandbox id range: too many sandboxes are running"));
+        }
+        slots.insert(slot);
+        Ok(slot)
+    }
+
+    fn free_slot(&self, slot: u32) {
+        lock(&self.slots).remove(&slot);
+    }
+}
+
+pub fn slot_base(slot: u32) -> u32 {
+    FIRST_HOST_ID + slot * ID_RANGE
+}
+
+fn new_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..ID_LEN).map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())])).collect()
+}
+
+fn hostname(id: &str) -> String {
+    format!("corral-{}", id.get(..8).unwrap_or(id))
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("no sandbox {id:?}"))
+}
+
+fn jail_error(err: JailError) -> ApiError {
+    match err {
+        JailError::UnknownTemplate(_) | JailError::Config(_) => ApiError::invalid(err.to_string()),
+        JailError::Unsupported(_) => ApiError::new(StatusCode::NOT_IMPLEMENTED, "unsupported", err.to_string()),
+        JailError::Os { .. } | JailError::Start(_) => ApiError::internal(err.to_string()),
+    }
+}
+
+async fn remove_dir(dir: PathBuf) {
+    match tokio::fs::remove_dir_all(&dir).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(dir = %dir.display(), %e, "could not remove run directory"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_stay_inside_u32_and_ids_are_lowercase_alnum() {
+        assert_eq!(slot_base(0), 200_000);
+        assert!(u64::from(slot_base(MAX_SLOTS - 1)) + u64::from(ID_RANGE) < u64::from(u32::MAX));
+        let id = new_id();
+        assert_eq!(id.len(), ID_LEN);
+        assert!(id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+    }
+}
