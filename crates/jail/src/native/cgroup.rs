@@ -256,11 +256,12 @@ impl SandboxCgroup {
             if !dir.exists() {
                 continue;
             }
-            for attempt in 0..200 {
+            // The kernel frees a group a moment after its last task exits: retry, briefly at first.
+            for attempt in 0..400u64 {
                 match fs::remove_dir(dir) {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                    Err(_) if attempt < 199 => std::thread::sleep(std::time::Duration::from_millis(5)),
+                    Err(_) if attempt < 399 => std::thread::sleep(std::time::Duration::from_micros(100 * attempt.min(50))),
                     Err(e) => tracing::warn!(dir = %dir.display(), %e, "cgroup not removed"),
                 }
             }

@@ -242,7 +242,9 @@ pub fn run_once(
     let status = rustix::process::waitpid(Pid::from_raw(launched.pid as i32), rustix::process::WaitOptions::empty())
         .map_err(|e| JailError::os("wait for sandbox", e))?;
     let usage = launched.cgroup.usage();
-    launched.cgroup.kill_all();
+    if !launched.cgroup.pids().is_empty() {
+        launched.cgroup.kill_all();
+    }
     launched.cgroup.remove();
     let (mut code, signal) = match status {
         Some((_, status)) if status.exited() => (status.exit_status().unwrap_or(1), None),
