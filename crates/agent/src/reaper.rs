@@ -67,8 +67,10 @@ impl Reaper {
     pub fn reap(&self) {
         let mut waiting = self.lock();
         loop {
-            match rustix::process::waitpid(None, WaitOptions::NOHANG) {
-                Ok(Some((pid, status))) => {
+            // `wait` is wait4(-1); rustix's `waitpid(None)` would be wait4(0), which only sees
+            // children in our own process group, and every exec gets a group of its own.
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) => { 
                     let pid = pid.as_raw_nonzero().get() as u32;
                     if let Some(tx) = waiting.remove(&pid) {
                         let _ = tx.send(status.into());

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod client;
 mod run;
+mod serve;
 
 #[derive(Parser, Debug)]
 #[command(name = "corral", version, about = "Disposable, isolated sandboxes for AI agents", long_about = None)]
@@ -18,6 +20,10 @@ struct Cli {
 enum Command {
     /// Run one command in a fresh sandbox and exit with its exit code (no daemon needed).
     Run(run::RunArgs),
+    /// Run the daemon: the HTTP API that creates and manages sandboxes.
+    Serve(serve::ServeArgs),
+    #[command(flatten)]
+    Client(client::ClientCommand),
 }
 
 /// `/var/lib/corral` for root, else `$XDG_DATA_HOME/corral` or `~/.local/share/corral`.
@@ -34,8 +40,16 @@ pub fn default_data_dir() -> PathBuf {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_)) {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Serve(args) => serve::serve(args),
+        Command::Client(command) => client::run(command),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

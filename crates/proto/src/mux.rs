@@ -465,6 +465,18 @@ impl StreamSender {
         self.shared.send(Frame { stream: self.id, kind: KIND_EVENT, payload: payload.into() })
     }
 
+    /// Resolves once the peer reset this stream or the connection is gone: the moment to stop
+    /// work nobody will read, even if the stream is otherwise silent.
+    pub async fn closed(&self) {
+        loop {
+            let notified = self.credit.changed.notified();
+            if self.credit.reset.load(Ordering::SeqCst) || *self.shared.closed.borrow() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Half-closes: tells the peer we will send nothing more.
     pub fn end(&mut self) -> Result<(), MuxError> {
         if self.ended.swap(true, Ordering::SeqCst) {

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use corral_jail::Backend;
 
+pub use agent_client::{Chunk, OutputEvent, WaitResult};
 pub use error::ApiError;
 pub use manager::SandboxInfo;
 
@@ -80,7 +81,9 @@ pub async fn serve(config: ServerConfig, backend: Arc<dyn Backend>) -> Result<()
 pub async fn bind(config: ServerConfig, backend: Arc<dyn Backend>) -> Result<RunningServer, ServerError> {
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServerError::io(format!("creating {}", config.data_dir.display()), e))?;
-    restrict_permissions(&config.data_dir, 0o700)?;
+    // Searchable but not listable: sandbox root (an unprivileged host uid) must traverse it to
+    // mount its template layers; everything secret inside is 0600/0700 itself.
+    restrict_permissions(&config.data_dir, 0o711)?;
     let db_path = config.data_dir.join("corral.db");
     let db = db::Db::open(&db_path)?;
     restrict_permissions(&db_path, 0o600)?;

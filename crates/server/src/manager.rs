@@ -127,6 +127,9 @@ impl Manager {
     pub async fn new(backend: Arc<dyn Backend>, db: Db, sandboxes_dir: PathBuf) -> Result<Arc<Manager>, ServerError> {
         std::fs::create_dir_all(&sandboxes_dir)
             .map_err(|e| ServerError::io(format!("creating {}", sandboxes_dir.display()), e))?;
+        // Agent sockets live here; only the daemon may reach them.
+        std::fs::set_permissions(&sandboxes_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| ServerError::io(format!("chmod {}", sandboxes_dir.display()), e))?;
         let manager = Arc::new(Manager {
             backend,
             db,
@@ -297,11 +300,6 @@ impl Manager {
             .await
             .map_err(|e| ApiError::internal(format!("usage task failed: {e}")))?
             .map_err(jail_error)
-    }
-
-    /// Number of sandboxes this process holds; for tests and metrics.
-    pub fn live_count(&self) -> usize {
-        lock(&self.live).len()
     }
 
     async fn live(&self, id: &str) -> Result<Arc<Live>, ApiError> {

@@ -81,3 +81,94 @@ pub fn raw_syscall_as_root(nr: i64, args: &[u64]) -> (i64, i32) {
 
 pub const EPERM: i32 = 1;
 pub const ENOSYS: i32 = 38;
+
+/// A `corral serve` started for one test file, on a free loopback port with its own data dir.
+pub struct Daemon {
+    child: std::process::Child,
+    pub url: String,
+    pub key: String,
+    pub data_dir: PathBuf,
+    pub client: reqwest::blocking::Client,
+}
+
+impl Daemon {
+    pub fn start() -> Daemon {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let data_dir = std::env::temp_dir().join(format!("corral-daemon-test-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&data_dir).expect("data dir");
+        let key = format!("crl_test_{}", std::process::id());
+        let child = Command::new(env!("CARGO_BIN_EXE_corral"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(&data_dir)
+            .env("CORRAL_API_KEY", &key)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start daemon");
+        let url = format!("http://127.0.0.1:{port}");
+        let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(60)).build().expect("client");
+        let daemon = Daemon { child, url, key, data_dir, client };
+        for _ in 0..200 {
+            if daemon.client.get(format!("{}/v1/health", daemon.url)).send().is_ok() {
+                return daemon;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("daemon did not come up");
+    }
+
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
+        self.client.request(method, format!("{}{path}", self.url)).bearer_auth(&self.key)
+    }
+
+    pub fn get(&self, path: &str) -> reqwest::blocking::Response {
+        self.request(reqwest::Method::GET, path).send().expect("GET")
+    }
+
+    pub fn post(&self, path: &str, body: serde_json::Value) -> reqwest::blocking::Response {
+        self.request(reqwest::Method::POST, path).json(&body).send().expect("POST")
+    }
+
+    pub fn delete(&self, path: &str) -> reqwest::blocking::Response {
+        self.request(reqwest::Method::DELETE, path).send().expect("DELETE")
+    }
+
+    /// Creates a sandbox and returns its id.
+    pub fn create(&self, spec: serde_json::Value) -> String {
+        let response = self.post("/v1/sandboxes", spec);
+        assert_eq!(response.status(), 201, "create failed");
+        let info: serde_json::Value = response.json().expect("json");
+        info["id"].as_str().expect("id").to_string()
+    }
+
+    /// Runs a shell command and waits for its result.
+    pub fn exec(&self, id: &str, cmd: &str) -> serde_json::Value {
+        self.exec_with(id, serde_json::json!({ "cmd": cmd }))
+    }
+
+    pub fn exec_with(&self, id: &str, body: serde_json::Value) -> serde_json::Value {
+        let response = self.post(&format!("/v1/sandboxes/{id}/exec?wait=true"), body);
+        assert!(response.status().is_success(), "exec failed: {}", response.status());
+        response.json().expect("json")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SIGTERM: the daemon destroys its sandboxes on the way out.
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}

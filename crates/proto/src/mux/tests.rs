@@ -158,3 +158,18 @@ async fn answering_after_dropping_the_receiver_still_works() {
     assert!(matches!(sent, Ok(()) | Err(MuxError::Reset)), "{sent:?}");
     assert_eq!(stream.receiver.recv_event().await.expect("event"), Some(Event::Ok));
 }
+
+#[tokio::test]
+async fn a_silent_stream_notices_when_the_peer_hangs_up() {
+    let ((host, _), (_agent, mut incoming)) = pair();
+    let stream = host.open(&Request::Ping).expect("open");
+    let (_req, agent_stream) = incoming.accept().await.expect("stream");
+    let (agent_tx, mut agent_rx) = agent_stream.split();
+    // The client half-closes at once (no stdin), then goes away entirely.
+    let (mut tx, rx) = stream.split();
+    tx.end().expect("end");
+    assert_eq!(agent_rx.recv_event().await.expect("end"), None);
+    drop(rx);
+    drop(tx);
+    tokio::time::timeout(std::time::Duration::from_secs(5), agent_tx.closed()).await.expect("hangup seen");
+}

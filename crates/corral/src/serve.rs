@@ -1,0 +1,85 @@
+//! `corral serve`: the daemon. Forks the sandbox launcher first (while single-threaded), then
+//! starts the async runtime and the HTTP API.
+
+use std::net::SocketAddr;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use corral_jail::native::NativeBackend;
+use corral_jail::AgentBoot;
+use corral_server::{ListenAddr, ServerConfig};
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  corral serve\n  CORRAL_API_KEY=secret corral serve --listen 0.0.0.0:7070\n  \
+    corral serve --socket /run/corral.sock")]
+pub struct ServeArgs {
+    /// TCP address for the HTTP API.
+    #[arg(long, env = "CORRAL_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Serve on this unix socket instead of TCP.
+    #[arg(long, conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// Where the daemon keeps its database, templates and sandbox state.
+    #[arg(long, env = "CORRAL_DATA_DIR", default_value_os_t = crate::default_data_dir())]
+    pub data_dir: PathBuf,
+    /// Accept this API key instead of generating one on first start.
+    #[arg(long, env = "CORRAL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+/// PID 1 of every daemon sandbox.
+fn agent_entry(listener: UnixListener, boot: &AgentBoot) -> i32 {
+    let config = corral_agent::AgentConfig { env: boot.env.clone(), ..Default::default() };
+    corral_agent::run(listener, config)
+}
+
+pub fn serve(args: ServeArgs) -> Result<i32> {
+    if !rustix::process::geteuid().is_root() {
+        bail!("corral serve needs root for now (it maps a private uid range for every sandbox)");
+    }
+    raise_fd_limit();
+    let backend = NativeBackend::new(&args.data_dir, agent_entry).context("preparing the sandbox backend")?;
+    tracing::info!(cgroup = backend.cgroup_version(), data_dir = %args.data_dir.display(), "native backend ready");
+    let listen = match args.socket {
+        Some(path) => ListenAddr::Unix(path),
+        None => ListenAddr::Tcp(args.listen),
+    };
+    let config = ServerConfig { listen: listen.clone(), data_dir: args.data_dir, api_key: args.api_key };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(async move {
+        let server = corral_server::bind(config, Arc::new(backend)).await?;
+        match (&listen, server.local_addr()) {
+            (_, Some(addr)) => eprintln!("corral: listening on http://{addr}"),
+            (ListenAddr::Unix(path), None) => eprintln!("corral: listening on unix:{}", path.display()),
+            _ => {}
+        }
+        server.run_until(shutdown_signal()).await?;
+        anyhow::Ok(())
+    })?;
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("corral: shutting down");
+}
+
+/// Each sandbox holds a connection and a pidfd in the daemon; the default 1024 is too few.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let current = getrlimit(Resource::Nofile);
+    if let Some(max) = current.maximum {
+        let _ = setrlimit(Resource::Nofile, Rlimit { current: Some(max), maximum: Some(max) });
+    }
+}
