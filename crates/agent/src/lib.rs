@@ -133,15 +133,16 @@ pub async fn serve_connection<T>(state: Arc<AgentState>, io: T)
 where
     T: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (mux, mut incoming) = Mux::new(io, Role::Agent);
+    // The mux handle itself is not needed: streams notice a lost connection on their own.
+    let (_mux, mut incoming) = Mux::new(io, Role::Agent);
     while let Some((request, stream)) = incoming.accept().await {
-        tokio::spawn(handle(state.clone(), mux.clone(), request, stream));
+        tokio::spawn(handle(state.clone(), request, stream));
     }
 }
 
-async fn handle(state: Arc<AgentState>, mux: Mux, request: Request, stream: Stream) {
+async fn handle(state: Arc<AgentState>, request: Request, stream: Stream) {
     let (mut tx, mut rx) = stream.split();
-    if let Err(AgentError::Request { kind, message }) = dispatch(&state, &mux, request, &mut tx, &mut rx).await {
+    if let Err(AgentError::Request { kind, message }) = dispatch(&state, request, &mut tx, &mut rx).await {
         let _ = tx.send_event(&Event::error(kind, message)).await;
     }
     // Dropping `tx` ends the stream.
@@ -149,7 +150,6 @@ async fn handle(state: Arc<AgentState>, mux: Mux, request: Request, stream: Stre
 
 async fn dispatch(
     state: &Arc<AgentState>,
-    mux: &Mux,
     request: Request,
     tx: &mut StreamSender,
     rx: &mut StreamReceiver,
@@ -160,8 +160,8 @@ async fn dispatch(
             state.set_env(env);
             Event::Ok
         }
-        Request::Exec(spec) => return session::exec(state, mux, spec, tx, rx).await,
-        Request::Attach { pid } => return session::attach(state, mux, pid, tx, rx).await,
+        Request::Exec(spec) => return session::exec(state, spec, tx, rx).await,
+        Request::Attach { pid } => return session::attach(state, pid, tx, rx).await,
         Request::ProcessList => return send_processes(state.processes.list(), tx).await,
         Request::Signal { pid, signal } => {
             state.processes.get(pid)?.signal(signal)?;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use corral_proto::{Event, ExecSpec, Message, Mux, MuxError, StreamReceiver, StreamSender, CHANNEL_STDIN};
+use corral_proto::{Event, ExecSpec, Message, MuxError, StreamReceiver, StreamSender, CHANNEL_STDIN};
 use tokio::sync::mpsc;
 
 use crate::error::AgentError;
@@ -14,7 +14,6 @@ use crate::AgentState;
 /// Runs `spec` and streams it to the client until it exits.
 pub async fn exec(
     state: &Arc<AgentState>,
-    mux: &Mux,
     spec: ExecSpec,
     tx: &mut StreamSender,
     rx: &mut StreamReceiver,
@@ -24,7 +23,7 @@ pub async fn exec(
     let input = Input { forward: spec.stdin || spec.pty.is_some(), close_on_end: spec.stdin };
     let Spawned { process, output } = exec::spawn(state, spec)?;
     let finished = match tx.send_event(&Event::Started { pid: process.pid }).await {
-        Ok(()) => stream_process(&process, output, mux, tx, rx, input).await,
+        Ok(()) => stream_process(&process, output, tx, rx, input).await,
         Err(_) => false,
     };
     if !finished && !process.background {
@@ -36,7 +35,6 @@ pub async fn exec(
 /// Streams a running process's output from now on, then its exit.
 pub async fn attach(
     state: &Arc<AgentState>,
-    mux: &Mux,
     pid: u32,
     tx: &mut StreamSender,
     rx: &mut StreamReceiver,
@@ -44,7 +42,7 @@ pub async fn attach(
     let process = state.processes.get(pid)?;
     let output = process.subscribe();
     let input = Input { forward: false, close_on_end: false };
-    stream_process(&process, output, mux, tx, rx, input).await;
+    stream_process(&process, output, tx, rx, input).await;
     Ok(())
 }
 
@@ -60,7 +58,6 @@ struct Input {
 async fn stream_process(
     process: &Process,
     output: mpsc::Receiver<Output>,
-    mux: &Mux,
     tx: &mut StreamSender,
     rx: &mut StreamReceiver,
     input: Input,
@@ -68,12 +65,17 @@ async fn stream_process(
     tokio::select! {
         sent = forward_output(output, tx) => sent.is_ok(),
         () = pump_input(process, rx, input) => false,
-        () = mux.closed() => false,
     }
 }
 
 async fn forward_output(mut output: mpsc::Receiver<Output>, tx: &mut StreamSender) -> Result<(), MuxError> {
-    while let Some(item) = output.recv().await {
+    loop {
+        // A silent process must not keep a hung-up stream (and, if foreground, itself) alive.
+        let item = tokio::select! {
+            item = output.recv() => item,
+            () = tx.closed() => return Err(MuxError::Reset),
+        };
+        let Some(item) = item else { break };
         match item {
             Output::Data { channel, bytes } => tx.send_data(channel, &bytes).await?,
             Output::Exited(exit) => return tx.send_event(&exit.event()).await,
@@ -83,7 +85,7 @@ async fn forward_output(mut output: mpsc::Receiver<Output>, tx: &mut StreamSende
     Ok(())
 }
 
-/// Feeds client data to stdin; returns only when the client has gone away (reset/closed).
+/// Feeds client data to stdin; returns only if the stream broke while we were reading.
 async fn pump_input(process: &Process, rx: &mut StreamReceiver, input: Input) {
     loop {
         match rx.recv().await {
@@ -96,7 +98,7 @@ async fn pump_input(process: &Process, rx: &mut StreamReceiver, input: Input) {
                 if input.close_on_end {
                     let _ = process.close_stdin().await;
                 }
-                // The client may still be reading; nothing more can arrive from it.
+                // The client may still be reading; `forward_output` notices if it hangs up.
                 return std::future::pending().await;
             }
             Some(Err(_)) => return,

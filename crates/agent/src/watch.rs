@@ -146,7 +146,7 @@ fn fs_event(kind: FsEventKind, path: &Path) -> Event {
 }
 
 /// Answers `Ok` once the watch is in place (so the client knows later changes will be seen),
-/// then `FsEvent`s until the client resets the stream or the watched path disappears.
+/// then `FsEvent`s until the client hangs up or the watched path disappears.
 pub async fn watch(path: PathBuf, recursive: bool, tx: &mut StreamSender, rx: &mut StreamReceiver) -> Result<(), AgentError> {
     let meta = std::fs::metadata(&path).context(path.display())?;
     let fd = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC).map_err(|e| AgentError::io("inotify", &e.into()))?;
@@ -168,12 +168,13 @@ pub async fn watch(path: PathBuf, recursive: bool, tx: &mut StreamSender, rx: &m
                     deliver(&mut watcher, event, tx).await?;
                 }
             }
+            // END only closes the client's half; it may still be listening.
             message = rx.recv(), if client_open => match message {
-                // END only closes the client's half; it may still be listening.
                 None => client_open = false,
                 Some(Err(err)) => return Err(err.into()),
                 Some(Ok(_)) => {}
             },
+            () = tx.closed() => return Ok(()),
         }
     }
     Ok(())

@@ -230,6 +230,19 @@ async fn resetting_a_foreground_exec_kills_it() {
 }
 
 #[tokio::test]
+async fn dropping_a_silent_foreground_exec_kills_it() {
+    let h = harness();
+    let mut stream = h.open(Request::Exec(shell("sleep 100")));
+    let Event::Started { pid } = next_event(&mut stream).await else { panic!("not started") };
+    // A client without stdin half-closes at once, then later hangs up; the process says nothing.
+    stream.sender.end().unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(alive(pid), "END alone must not kill");
+    drop(stream);
+    assert!(eventually(Duration::from_secs(3), || !alive(pid)).await, "foreground process outlived its client");
+}
+
+#[tokio::test]
 async fn background_exec_survives_its_client() {
     let h = harness();
     let mut stream = h.open(Request::Exec(ExecSpec { background: true, ..shell("sleep 100") }));

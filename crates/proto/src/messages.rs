@@ -21,7 +21,10 @@ pub const CHANNEL_STDERR: u8 = 2;
 /// - `Attach`: agent streams output of a running process from now on, then `Exited`.
 /// - `ReadFile`: agent answers `Entry` (the file's stat), then DATA chunks, then END.
 /// - `WriteFile`: client sends DATA chunks then END; agent answers `Entry` after writing.
-/// - `Watch`: agent sends `FsEvent`s until the client drops the stream.
+/// - `Watch`: agent sends `Ok` once the watch is in place, then `FsEvent`s until the client
+///   drops the stream.
+/// - `ListDir` and `ProcessList`: one or more `Entries` / `Processes` batches, then END (one
+///   event is at most 64 KiB, so large listings are split).
 /// - everything else: a single answer event (`Ok`, `Entry`, `Entries`, `Processes`,
 ///   `Pong`) or `Error`, then END.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

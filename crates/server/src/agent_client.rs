@@ -23,7 +23,38 @@ fn agent_error(message: impl Into<String>) -> ApiError {
 pub async fn request(mux: &Mux, request: &Request) -> Result<Event, ApiError> {
     let (mut tx, mut rx) = mux.open(request).map_err(ApiError::from_mux)?.split();
     tx.end().map_err(ApiError::from_mux)?;
-    first_answer(&mut rx).await
+    let first = first_answer(&mut rx).await?;
+    // Listings come in batches (one event is at most 64 KiB); merge them until END.
+    match first {
+        Event::Entries { mut entries } => {
+            while let Some(event) = next_batch(&mut rx).await? {
+                match event {
+                    Event::Entries { entries: more } => entries.extend(more),
+                    other => return Err(unexpected(&other)),
+                }
+            }
+            Ok(Event::Entries { entries })
+        }
+        Event::Processes { mut processes } => {
+            while let Some(event) = next_batch(&mut rx).await? {
+                match event {
+                    Event::Processes { processes: more } => processes.extend(more),
+                    other => return Err(unexpected(&other)),
+                }
+            }
+            Ok(Event::Processes { processes })
+        }
+        other => Ok(other),
+    }
+}
+
+/// The next event of a multi-event answer, or `None` at END.
+async fn next_batch(rx: &mut StreamReceiver) -> Result<Option<Event>, ApiError> {
+    match rx.recv_event().await {
+        Ok(Some(Event::Error { kind, message })) => Err(ApiError::from_agent(kind, message)),
+        Ok(event) => Ok(event),
+        Err(e) => Err(ApiError::from_mux(e)),
+    }
 }
 
 /// The next event on a stream, with the agent's `Error` turned into an `ApiError`.
