@@ -76,6 +76,14 @@ mod host_files {
     }
 
     #[test]
+    fn sandbox_system_files_are_not_writable_by_the_default_user() {
+        let run = sh("stat -c '%a %U %n' /etc/passwd /etc/hosts /etc /tmp /home/user /etc/ssl; echo x >> /etc/passwd");
+        let lines: Vec<&str> = run.stdout.lines().collect();
+        assert_eq!(lines, ["644 root /etc/passwd", "644 root /etc/hosts", "755 root /etc", "1777 root /tmp", "750 user /home/user", "755 root /etc/ssl"]);
+        assert!(run.stderr.contains("Permission denied"), "{run:?}");
+    }
+
+    #[test]
     fn writes_outside_read_only_dirs_stay_in_the_sandbox_layer() {
         let run = sh_root("echo inside > /opt/corral-escape && cat /opt/corral-escape");
         assert_eq!(run.stdout.trim(), "inside", "{run:?}");

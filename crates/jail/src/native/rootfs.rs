@@ -16,18 +16,10 @@ use crate::{JailError, Volume, SANDBOX_HOME, SANDBOX_UID};
 /// Host directories that appear read-only inside (or as the same symlink, on merged-usr hosts).
 const HOST_SYSTEM_DIRS: [&str; 5] = ["usr", "bin", "lib", "lib64", "sbin"];
 /// Host /etc entries copied (files) or bound read-only (directories) into the sandbox.
-const ETC_ALLOW_LIST: [&str; 10] = [
-    "ssl/certs",
-    "ca-certificates.conf",
-    "ld.so.cache",
-    "ld.so.conf",
-    "alternatives",
-    "localtime",
-    "timezone",
-    "mime.types",
-    "bash.bashrc",
-    "profile",
-];
+const ETC_ALLOW_LIST: [&str; 8] =
+    ["ssl/certs", "ca-certificates.conf", "ld.so.cache", "alternatives", "localtime", "timezone", "bash.bashrc", "profile"];
+/// The allow-listed entries that are directories, bound read-only once the overlay is up.
+const ETC_BOUND_DIRS: [&str; 2] = ["ssl/certs", "alternatives"];
 /// Under /proc: files hidden behind /dev/null, dirs made read-only, dirs hidden behind tmpfs.
 const PROC_MASKED_FILES: [&str; 7] =
     ["kcore", "kallsyms", "sysrq-trigger", "timer_list", "sched_debug", "keys", "latency_stats"];
@@ -49,13 +41,16 @@ fn os(op: &str, path: &Path, err: impl Into<std::io::Error>) -> JailError {
     JailError::os(format!("{op} {}", path.display()), err)
 }
 
+/// Creates a directory with exactly `mode` (the umask is 0 while the root is built).
 fn mkdir(path: &Path, mode: u32) -> Result<(), JailError> {
-    match fs::create_dir(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(os("mkdir", path, e)),
+    use std::os::unix::fs::DirBuilderExt;
+    match fs::DirBuilder::new().mode(mode).create(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| os("chmod", path, e))
+        }
+        Err(e) => Err(os("mkdir", path, e)),
     }
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| os("chmod", path, e))
 }
 
 /// `mount(2)` for a filesystem with string options.
@@ -74,6 +69,13 @@ fn bind_read_only(source: &Path, target: &Path, extra: MountFlags) -> Result<(),
 
 /// Runs in the sandbox init, as root of its user namespace, before anything else exists inside.
 pub fn build(plan: &RootfsPlan<'_>) -> Result<(), JailError> {
+    let umask = rustix::process::umask(rustix::fs::Mode::empty());
+    let result = build_tree(plan);
+    rustix::process::umask(umask);
+    result
+}
+
+fn build_tree(plan: &RootfsPlan<'_>) -> Result<(), JailError> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| os("make private", Path::new("/"), e))?;
     let staging = plan.staging;
@@ -84,8 +86,10 @@ pub fn build(plan: &RootfsPlan<'_>) -> Result<(), JailError> {
     for dir in [&upper, &work, &root] {
         mkdir(dir, 0o755)?;
     }
+    // Writing the skeleton straight into the upper dir is much cheaper than through overlayfs.
+    populate(&upper, plan.hostname)?;
     mount_overlay(plan.lower, &upper, &work, &root)?;
-    populate(&root, plan)?;
+    bind_host_dirs(&root)?;
     mount_proc(&root)?;
     mount_dev(&root)?;
     for volume in plan.volumes {
@@ -110,7 +114,7 @@ fn mount_overlay(lower: &Path, upper: &Path, work: &Path, root: &Path) -> Result
         .map_err(|e| os("mount overlay", root, e))
 }
 
-fn populate(root: &Path, plan: &RootfsPlan<'_>) -> Result<(), JailError> {
+fn populate(root: &Path, hostname: &str) -> Result<(), JailError> {
     for (dir, mode) in [
         ("proc", 0o555),
         ("dev", 0o755),
@@ -135,14 +139,29 @@ fn populate(root: &Path, plan: &RootfsPlan<'_>) -> Result<(), JailError> {
         let inside = root.join(name);
         match fs::read_link(&host) {
             Ok(target) => symlink(&target, &inside).map_err(|e| os("symlink", &inside, e))?,
-            Err(_) if host.is_dir() => {
-                mkdir(&inside, 0o755)?;
-                bind_read_only(&host, &inside, MountFlags::empty())?;
-            }
+            Err(_) if host.is_dir() => mkdir(&inside, 0o755)?,
             Err(_) => {}
         }
     }
-    write_etc(root, plan.hostname)
+    write_etc(root, hostname)
+}
+
+/// Binds the host's system directories (those that are not symlinks) read-only.
+fn bind_host_dirs(root: &Path) -> Result<(), JailError> {
+    for name in HOST_SYSTEM_DIRS {
+        let host = Path::new("/").join(name);
+        if fs::symlink_metadata(&host).map(|m| m.is_dir()).unwrap_or(false) {
+            bind_read_only(&host, &root.join(name), MountFlags::empty())?;
+        }
+    }
+    for entry in ETC_BOUND_DIRS {
+        let host = Path::new("/etc").join(entry);
+        let inside = root.join("etc").join(entry);
+        if inside.is_dir() && host.is_dir() {
+            bind_read_only(&host, &inside, MountFlags::NOEXEC)?;
+        }
+    }
+    Ok(())
 }
 
 fn uid(id: u32) -> rustix::fs::Uid {
@@ -154,7 +173,10 @@ fn gid(id: u32) -> rustix::fs::Gid {
 }
 
 fn write_file(path: &Path, contents: &str) -> Result<(), JailError> {
-    fs::write(path, contents).map_err(|e| os("write", path, e))
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(path).map_err(|e| os("create", path, e))?;
+    file.write_all(contents.as_bytes()).map_err(|e| os("write", path, e))
 }
 
 fn write_etc(root: &Path, hostname: &str) -> Result<(), JailError> {
@@ -181,28 +203,16 @@ fn write_etc(root: &Path, hostname: &str) -> Result<(), JailError> {
         let inside = etc.join(entry);
         let Ok(meta) = fs::symlink_metadata(&host) else { continue };
         if let Some(parent) = inside.parent() {
-            fs::create_dir_all(parent).map_err(|e| os("mkdir", parent, e))?;
+            use std::os::unix::fs::DirBuilderExt;
+            fs::DirBuilder::new().recursive(true).mode(0o755).create(parent).map_err(|e| os("mkdir", parent, e))?;
         }
         if meta.file_type().is_symlink() {
             let target = fs::read_link(&host).map_err(|e| os("readlink", &host, e))?;
             symlink(&target, &inside).map_err(|e| os("symlink", &inside, e))?;
         } else if meta.is_dir() {
             mkdir(&inside, 0o755)?;
-            bind_read_only(&host, &inside, MountFlags::NOEXEC)?;
         } else if meta.is_file() {
             fs::copy(&host, &inside).map_err(|e| os("copy", &host, e))?;
-        }
-    }
-    // Debian's python loads sitecustomize from /etc/python3.X; bind those read-only if present.
-    if let Ok(entries) = fs::read_dir("/etc") {
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with("python3") && entry.path().is_dir() {
-                let inside = etc.join(name.as_ref());
-                mkdir(&inside, 0o755)?;
-                bind_read_only(&entry.path(), &inside, MountFlags::NOEXEC)?;
-            }
         }
     }
     Ok(())
@@ -269,7 +279,10 @@ fn mount_volume(root: &Path, volume: &Volume) -> Result<(), JailError> {
         return Err(JailError::Config(format!("volume source {} is not a directory", volume.host)));
     }
     let target: PathBuf = root.join(volume.path.trim_start_matches('/'));
-    fs::create_dir_all(&target).map_err(|e| os("mkdir", &target, e))?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new().recursive(true).mode(0o755).create(&target).map_err(|e| os("mkdir", &target, e))?;
+    }
     if volume.read_only {
         bind_read_only(host, &target, MountFlags::empty())
     } else {
