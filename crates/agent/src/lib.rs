@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::AbortHandle;
 
+pub mod egress;
 mod error;
 mod exec;
 mod files;
@@ -54,6 +55,10 @@ pub struct AgentState {
     users: Vec<UserEntry>,
     default_user: String,
     env: Mutex<BTreeMap<String, String>>,
+    /// Proxy variables, under `env` (set when egress is on; `Configure` does not drop them).
+    egress_env: BTreeMap<String, String>,
+    /// The latest host connection, which egress relays open their streams on.
+    host: Mutex<Option<Mux>>,
     processes: ProcessTable,
     reaper: AbortHandle,
 }
@@ -65,6 +70,8 @@ impl AgentState {
             users: config.users,
             default_user: config.default_user,
             env: Mutex::new(config.env),
+            egress_env: BTreeMap::new(),
+            host: Mutex::new(None),
             processes: ProcessTable::default(),
             reaper: reaper::spawn_driver().abort_handle(),
         })
@@ -74,8 +81,23 @@ impl AgentState {
         users::resolve_user(&self.users, &self.default_user, requested)
     }
 
+    /// Like [`AgentState::new`], with the loopback egress proxy variables in every process.
+    pub fn with_egress(config: AgentConfig, port: u16) -> Arc<Self> {
+        let mut state = Self::new(config);
+        if let Some(state) = Arc::get_mut(&mut state) {
+            state.egress_env = egress::proxy_env(port);
+        }
+        state
+    }
+
     fn default_env(&self) -> BTreeMap<String, String> {
-        self.env.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        let mut env = self.egress_env.clone();
+        env.extend(self.env.lock().unwrap_or_else(PoisonError::into_inner).clone());
+        env
+    }
+
+    fn host(&self) -> Option<Mux> {
+        self.host.lock().unwrap_or_else(PoisonError::into_inner).clone().filter(|m| !m.is_closed())
     }
 
     fn set_env(&self, env: BTreeMap<String, String>) {
@@ -93,6 +115,15 @@ impl Drop for AgentState {
 ///
 /// Returns only if the runtime cannot be set up (the caller should exit with that code).
 pub fn run(listener: UnixListener, config: AgentConfig) -> i32 {
+    run_inner(listener, config, None)
+}
+
+/// [`run`], plus the egress proxy listener on loopback `port` (relayed to the host).
+pub fn run_with_egress(listener: UnixListener, config: AgentConfig, port: u16) -> i32 {
+    run_inner(listener, config, Some(port))
+}
+
+fn run_inner(listener: UnixListener, config: AgentConfig, egress_port: Option<u16>) -> i32 {
     // Root inside the sandbox must not ptrace the agent or read its memory.
     if let Err(err) = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable) {
         tracing::warn!(%err, "could not make the agent non-dumpable");
@@ -112,7 +143,21 @@ pub fn run(listener: UnixListener, config: AgentConfig) -> i32 {
                 return 1;
             }
         };
-        let state = AgentState::new(config);
+        let state = match egress_port {
+            Some(port) => {
+                let state = AgentState::with_egress(config, port);
+                match egress::listen(port).await {
+                    Ok(proxy) => {
+                        let s = state.clone();
+                        tokio::spawn(async move { egress::relay(proxy, move || s.host()).await });
+                    }
+                    // No egress is a degraded sandbox, not a dead one.
+                    Err(err) => eprintln!("corral-agent: cannot listen on the egress port: {err}"),
+                }
+                state
+            }
+            None => AgentState::new(config),
+        };
         loop {
             match listener.accept().await {
                 Ok((conn, _)) => {
@@ -134,7 +179,9 @@ where
     T: AsyncRead + AsyncWrite + Send + 'static,
 {
     // The mux handle itself is not needed: streams notice a lost connection on their own.
-    let (_mux, mut incoming) = Mux::new(io, Role::Agent);
+    let (mux, mut incoming) = Mux::new(io, Role::Agent);
+    // Egress relays use the newest connection: the daemon reconnects after a drop.
+    *state.host.lock().unwrap_or_else(PoisonError::into_inner) = Some(mux);
     while let Some((request, stream)) = incoming.accept().await {
         tokio::spawn(handle(state.clone(), request, stream));
     }
@@ -196,6 +243,13 @@ async fn dispatch(
             Event::Ok
         }
         Request::Rename { from, to, user } => Event::Entry(files::rename(&state.user(user.as_deref())?, &from, &to).await?),
+        Request::TrustCa { pem } => {
+            egress::install_ca(&pem).map_err(|e| AgentError::Request { kind: corral_proto::ErrorKind::from_io(&e), message: format!("installing the CA: {e}") })?;
+            Event::Ok
+        }
+        Request::Egress { .. } => {
+            return Err(AgentError::Request { kind: corral_proto::ErrorKind::Unsupported, message: "egress streams go to the host".into() });
+        }
         Request::Watch { path, recursive, user } => {
             let path = state.user(user.as_deref())?.resolve_path(&path);
             return watch::watch(path, recursive, tx, rx).await;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod client;
 mod run;
+mod run_egress;
 mod serve;
 
 #[derive(Parser, Debug)]
@@ -24,6 +25,9 @@ enum Command {
     Serve(serve::ServeArgs),
     #[command(flatten)]
     Client(client::ClientCommand),
+    /// Internal: the egress proxy of one `corral run` sandbox.
+    #[command(name = "__egress-proxy", hide = true)]
+    EgressProxy,
 }
 
 /// `/var/lib/corral` for root, else `$XDG_DATA_HOME/corral` or `~/.local/share/corral`.
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Serve(args) => serve::serve(args),
         Command::Client(command) => client::run(command),
+        Command::EgressProxy => run_egress::helper_main(),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use corral_jail::native::{run_once, RunOutcome};
+use corral_jail::native::{run_once_keeping, RunOutcome};
 use corral_jail::{JailConfig, Volume, ID_RANGE, SANDBOX_HOME, SANDBOX_UID};
 use corral_spec::{parse_duration, parse_env_pair, ByteSize, Limits, SandboxSpec};
 
@@ -55,6 +55,8 @@ pub struct RunArgs {
     /// Where corral keeps templates and state.
     #[arg(long, env = "CORRAL_DATA_DIR", default_value_os_t = crate::default_data_dir())]
     pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub network: crate::run_egress::NetworkArgs,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -66,6 +68,8 @@ struct Payload {
     env: BTreeMap<String, String>,
     cwd: String,
     uid: u32,
+    /// Set when network flags were given; taken by the init.
+    egress: std::sync::Mutex<Option<crate::run_egress::InitEgress>>,
 }
 
 pub fn run(args: RunArgs) -> Result<i32> {
@@ -102,9 +106,41 @@ pub fn run(args: RunArgs) -> Result<i32> {
         run_dir: args.data_dir.join("run").join(&id),
         host_id_base,
     };
-    let payload = Payload { argv: args.command.clone(), env: command_env(&spec.env, home, &args.user), cwd: args.workdir.clone().unwrap_or_else(|| home.to_string()), uid };
+    let mut env = command_env(&spec.env, home, &args.user);
+    let mut keep_fds = Vec::new();
+    let egress = if args.network.enabled() {
+        let host = crate::run_egress::HostEgress::start(&args.network, &id, &args.data_dir)?;
+        keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(&host.init.socket));
+        // Proxy settings go under the caller's -e variables; placeholders over everything.
+        let mut with_proxy = host.env.clone();
+        with_proxy.extend(env);
+        env = with_proxy;
+        Some(host)
+    } else {
+        None
+    };
+    let (host_egress, init_egress) = match egress {
+        Some(host) => {
+            let (host, init) = host.split();
+            (Some(host), Some(init))
+        }
+        None => (None, None),
+    };
+    let payload = Payload {
+        argv: args.command.clone(),
+        env,
+        cwd: args.workdir.clone().unwrap_or_else(|| home.to_string()),
+        uid,
+        egress: std::sync::Mutex::new(init_egress),
+    };
     let mut init = || init_main(&payload);
-    let outcome: RunOutcome = run_once(&config, &args.data_dir, timeout, &mut init).context("sandbox failed")?;
+    let outcome = run_once_keeping(&config, &args.data_dir, timeout, keep_fds, &mut init);
+    // The init's copy of the socket lives in the sandbox; ours must close for the helper to see EOF.
+    drop(payload);
+    if let Some(host) = host_egress {
+        host.stop();
+    }
+    let outcome: RunOutcome = outcome.context("sandbox failed")?;
     drop(slot_lock);
     if let Some(reason) = outcome.reason {
         eprintln!("corral: {reason}");
@@ -142,6 +178,13 @@ fn reserve_id_range(data_dir: &Path) -> Result<(File, u32)> {
 /// PID 1 of a `corral run` sandbox: start the command, reap every child, return its status.
 fn init_main(payload: &Payload) -> i32 {
     let Some((program, rest)) = payload.argv.split_first() else { return 127 };
+    let egress = payload.egress.lock().ok().and_then(|mut e| e.take());
+    if let Some(egress) = egress {
+        if let Err(err) = crate::run_egress::start_in_sandbox(egress) {
+            eprintln!("corral: cannot set up egress in the sandbox: {err}");
+            return 125;
+        }
+    }
     let mut command = Command::new(program);
     command.args(rest).env_clear().envs(&payload.env).current_dir(&payload.cwd);
     if payload.uid != 0 {

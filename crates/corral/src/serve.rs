@@ -28,12 +28,18 @@ pub struct ServeArgs {
     /// Accept this API key instead of generating one on first start.
     #[arg(long, env = "CORRAL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Make the egress proxy resolve NAME to IP[:PORT] (repeatable); may be a private address.
+    #[arg(long = "egress-resolve", value_name = "NAME=IP[:PORT]")]
+    pub egress_resolve: Vec<String>,
+    /// Also trust this PEM CA bundle for TLS from the egress proxy to upstreams (repeatable).
+    #[arg(long = "egress-trust", value_name = "PEMFILE")]
+    pub egress_trust: Vec<PathBuf>,
 }
 
 /// PID 1 of every daemon sandbox.
 fn agent_entry(listener: UnixListener, boot: &AgentBoot) -> i32 {
     let config = corral_agent::AgentConfig { env: boot.env.clone(), ..Default::default() };
-    corral_agent::run(listener, config)
+    corral_agent::run_with_egress(listener, config, corral_agent::egress::PROXY_PORT)
 }
 
 pub fn serve(args: ServeArgs) -> Result<i32> {
@@ -47,7 +53,11 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         Some(path) => ListenAddr::Unix(path),
         None => ListenAddr::Tcp(args.listen),
     };
-    let config = ServerConfig { listen: listen.clone(), data_dir: args.data_dir, api_key: args.api_key };
+    for entry in &args.egress_resolve {
+        corral_egress::parse_override(entry)?;
+    }
+    let egress = corral_server::EgressSettings { resolve: args.egress_resolve, extra_roots: args.egress_trust };
+    let config = ServerConfig { listen: listen.clone(), data_dir: args.data_dir, api_key: args.api_key, egress };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let server = corral_server::bind(config, Arc::new(backend)).await?;

@@ -3,6 +3,7 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -149,6 +150,36 @@ fn many_create_kill_cycles_leak_nothing() {
     let children = std::fs::read_to_string(format!("/proc/{}/task/{}/children", daemon.pid(), daemon.pid())).unwrap_or_default();
     // Only the launcher (zygote) remains a child of the daemon.
     assert!(children.split_whitespace().count() <= 1, "daemon children left: {children}");
+}
+
+#[test]
+fn sandboxes_survive_a_daemon_crash_and_are_re_attached() {
+    let mut daemon = Daemon::start();
+    let id = daemon.create(json!({ "metadata": { "keep": "me" } }));
+    daemon.exec(&id, "echo precious > /home/user/state.txt");
+    let started = daemon.exec_with(&id, json!({ "cmd": "sleep 300", "background": true, "tag": "sleeper" }));
+    assert!(started["pid"].as_u64().is_some(), "{started}");
+    daemon.crash_and_restart();
+    let info: serde_json::Value = daemon.get(&format!("/v1/sandboxes/{id}")).json().expect("json");
+    assert_eq!(info["state"], "running", "{info}");
+    assert_eq!(daemon.exec(&id, "cat /home/user/state.txt")["stdout"], "precious\n");
+    let processes: serde_json::Value = daemon.get(&format!("/v1/sandboxes/{id}/processes")).json().expect("json");
+    let tags: Vec<&str> = processes["processes"].as_array().expect("array").iter().filter_map(|p| p["tag"].as_str()).collect();
+    assert_eq!(tags, ["sleeper"], "{processes}");
+    // A sandbox that dies while the daemon is down is reported, and its resources released.
+    let doomed = daemon.create(json!({}));
+    daemon.crash();
+    let pids_dir = cgroup_dirs_named(&doomed).into_iter().find(|d| d.to_string_lossy().contains("/pids/")).expect("pids cgroup");
+    let init = std::fs::read_to_string(pids_dir.join("cgroup.procs")).expect("procs");
+    for pid in init.split_whitespace() {
+        let _ = Command::new("kill").args(["-9", pid]).status();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    daemon.restart();
+    let info: serde_json::Value = daemon.get(&format!("/v1/sandboxes/{doomed}")).json().expect("json");
+    assert_eq!(info["state"], "exited", "{info}");
+    assert!(cgroup_dirs_named(&doomed).is_empty());
+    assert!(!daemon.data_dir.join("sandboxes").join(&doomed).exists());
 }
 
 fn open_fds(pid: u32) -> usize {

@@ -26,6 +26,8 @@ pub enum JailError {
     Start(String),
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("sandbox {0} is no longer running")]
+    Gone(String),
 }
 
 impl JailError {
@@ -104,6 +106,11 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Builds and starts a sandbox; returns once its agent accepts connections.
     fn start(&self, config: &JailConfig, agent: &AgentBoot) -> Result<Box<dyn Sandbox>, JailError>;
+    /// Re-attaches to a sandbox started by an earlier daemon process (after a restart or a
+    /// crash). Fails with [`JailError::Gone`] if it is no longer running.
+    fn recover(&self, config: &JailConfig, host_pid: Option<u32>) -> Result<Box<dyn Sandbox>, JailError>;
+    /// Releases whatever a sandbox that is no longer running may have left behind.
+    fn cleanup(&self, config: &JailConfig) -> Result<(), JailError>;
 }
 
 /// What the agent inside needs to know at boot.

@@ -6,6 +6,7 @@
 
 pub mod messages;
 pub mod mux;
+pub mod pipe;
 
 pub use messages::*;
 pub use mux::{Incoming, Message, Mux, MuxError, Role, Stream, StreamReceiver, StreamSender};

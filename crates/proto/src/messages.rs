@@ -25,6 +25,10 @@ pub const CHANNEL_STDERR: u8 = 2;
 ///   drops the stream.
 /// - `ListDir` and `ProcessList`: one or more `Entries` / `Processes` batches, then END (one
 ///   event is at most 64 KiB, so large listings are split).
+/// - `Egress` (opened by the agent): a TCP connection a sandbox process made to the agent's
+///   loopback proxy port. Raw bytes flow both ways as DATA on channel 0 and END half-closes;
+///   the host answers nothing else (refusals are spoken in the proxied protocol itself).
+/// - `TrustCa`: agent installs the PEM certificate as a trusted CA bundle, answers `Ok`.
 /// - everything else: a single answer event (`Ok`, `Entry`, `Entries`, `Processes`,
 ///   `Pong`) or `Error`, then END.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -54,6 +58,11 @@ pub enum Request {
     Remove { path: String, user: Option<String> },
     Rename { from: String, to: String, user: Option<String> },
     Watch { path: String, recursive: bool, user: Option<String> },
+    /// Opened by the agent: relay one loopback connection to the host's egress proxy.
+    /// `peer` is the sandbox-side address, for the audit log only.
+    Egress { peer: String },
+    /// Trust this CA (corral's, for brokered TLS) in the sandbox's certificate bundles.
+    TrustCa { pem: String },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]

@@ -9,9 +9,12 @@ mod agent_client;
 mod api;
 mod auth;
 mod db;
+mod e2b;
 mod error;
+mod interpreter;
 mod manager;
 mod openapi;
+mod secrets;
 mod time;
 
 use std::future::Future;
@@ -42,6 +45,17 @@ pub struct ServerConfig {
     /// Accept exactly this key (e.g. from `CORRAL_API_KEY`). When `None`, a key is generated
     /// on first start, printed once to stderr, and only its hash is kept.
     pub api_key: Option<String>,
+    /// Egress proxy settings shared by every sandbox.
+    pub egress: EgressSettings,
+}
+
+/// Host-wide egress settings (`corral serve --egress-resolve`, `--egress-trust`).
+#[derive(Debug, Clone, Default)]
+pub struct EgressSettings {
+    /// `NAME=IP[:PORT]`: names the proxy resolves to fixed addresses (which may be private).
+    pub resolve: Vec<String>,
+    /// PEM bundles trusted for upstream TLS in addition to the system roots.
+    pub extra_roots: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +64,8 @@ pub enum ServerError {
     Io { what: String, source: std::io::Error },
     #[error("database: {0}")]
     Db(#[from] db::DbError),
+    #[error("{0}")]
+    Egress(#[from] corral_egress::EgressError),
 }
 
 impl ServerError {
@@ -95,7 +111,8 @@ pub async fn bind(config: ServerConfig, backend: Arc<dyn Backend>) -> Result<Run
         eprintln!("API key: {key}");
     }
 
-    let manager = manager::Manager::new(backend, db, config.data_dir.join("sandboxes")).await?;
+    let egress = start_egress(&config)?;
+    let manager = manager::Manager::new(backend, db, config.data_dir.join("sandboxes"), egress).await?;
     manager.clone().spawn_reaper();
 
     let listener = match &config.listen {
@@ -162,6 +179,22 @@ async fn shutdown_signal() {
         _ = term => {}
     }
     tracing::info!("shutting down");
+}
+
+/// The proxy's CA lives in the data dir (key 0600); every attempt is appended to
+/// `<data>/audit.jsonl`.
+fn start_egress(config: &ServerConfig) -> Result<Arc<corral_egress::Egress>, ServerError> {
+    let mut resolve = std::collections::HashMap::new();
+    for entry in &config.egress.resolve {
+        let (name, target) = corral_egress::parse_override(entry)?;
+        resolve.insert(name, target);
+    }
+    Ok(corral_egress::Egress::new(corral_egress::EgressConfig {
+        ca_dir: config.data_dir.clone(),
+        resolve,
+        extra_roots: config.egress.extra_roots.clone(),
+        audit_file: Some(config.data_dir.join("audit.jsonl")),
+    })?)
 }
 
 fn restrict_permissions(path: &std::path::Path, mode: u32) -> Result<(), ServerError> {

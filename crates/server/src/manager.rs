@@ -19,6 +19,9 @@ use crate::error::ApiError;
 use crate::time::{now_ms, rfc3339};
 use crate::ServerError;
 
+mod network;
+pub use network::EgressHub;
+
 /// Host ids below this are left to the host's own users.
 const FIRST_HOST_ID: u32 = 200_000;
 /// As many `ID_RANGE`-sized slots as fit between `FIRST_HOST_ID` and `u32::MAX`.
@@ -80,6 +83,8 @@ struct Live {
     run_dir: PathBuf,
     /// True once released; the lock makes concurrent kills wait for the first one.
     released: tokio::sync::Mutex<bool>,
+    /// This sandbox's egress proxy state, which the agent's relayed connections are served by.
+    egress: Option<Arc<corral_egress::SandboxEgress>>,
 }
 
 impl Live {
@@ -96,13 +101,9 @@ impl Live {
             .await
             .map_err(|_| agent_error("timed out connecting to the sandbox agent".into()))?
             .map_err(|e| agent_error(format!("connecting to the sandbox agent: {e}")))?;
-        let (mux, mut incoming) = Mux::new(stream, Role::Host);
-        // The agent has no business opening streams towards the host; refuse them.
-        tokio::spawn(async move {
-            while let Some((_, mut stream)) = incoming.accept().await {
-                stream.sender.reset();
-            }
-        });
+        let (mux, incoming) = Mux::new(stream, Role::Host);
+        // The agent opens streams only to relay egress connections; anything else is refused.
+        network::accept_from_agent(self.egress.clone(), incoming);
         *current = Some(mux.clone());
         Ok(mux)
     }
@@ -116,6 +117,7 @@ pub struct Manager {
     /// Slots taken by sandboxes being created or running.
     slots: Mutex<BTreeSet<u32>>,
     last_purge: Mutex<i64>,
+    egress: EgressHub,
 }
 
 /// Locks a std mutex whose data stays consistent even if a holder panicked.
@@ -124,13 +126,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Manager {
-    pub async fn new(backend: Arc<dyn Backend>, db: Db, sandboxes_dir: PathBuf) -> Result<Arc<Manager>, ServerError> {
+    pub async fn new(backend: Arc<dyn Backend>, db: Db, sandboxes_dir: PathBuf, egress: Arc<corral_egress::Egress>) -> Result<Arc<Manager>, ServerError> {
         std::fs::create_dir_all(&sandboxes_dir)
             .map_err(|e| ServerError::io(format!("creating {}", sandboxes_dir.display()), e))?;
         // Agent sockets live here; only the daemon may reach them.
         std::fs::set_permissions(&sandboxes_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(|e| ServerError::io(format!("chmod {}", sandboxes_dir.display()), e))?;
+        let secrets = crate::secrets::SecretStore::open(db.clone()).await?;
         let manager = Arc::new(Manager {
+            egress: EgressHub { egress, secrets },
             backend,
             db,
             sandboxes_dir,
@@ -138,17 +142,57 @@ impl Manager {
             slots: Mutex::new(BTreeSet::new()),
             last_purge: Mutex::new(0),
         });
-        manager.forget_previous_run().await?;
+        manager.recover_previous_run().await?;
         Ok(manager)
     }
 
-    /// Sandboxes a previous daemon left running cannot be re-attached (the backend API has
-    /// no way to adopt them), so they are recorded as ended and their files removed.
-    async fn forget_previous_run(&self) -> Result<(), ServerError> {
+    /// Re-attaches every sandbox an earlier daemon process left running (after a restart or a
+    /// crash); those that died meanwhile are recorded as exited and their leftovers released.
+    async fn recover_previous_run(&self) -> Result<(), ServerError> {
         for row in self.db.unfinished().await? {
-            tracing::warn!(id = %row.id, "sandbox from a previous run is no longer managed; marking it exited");
-            self.db.mark_ended(&row.id, State::Exited, "daemon_restarted", now_ms()).await?;
-            remove_dir(self.sandboxes_dir.join(&row.id)).await;
+            let run_dir = self.sandboxes_dir.join(&row.id);
+            let config = jail_config(&row, run_dir.clone());
+            let slot = row.host_id_base.saturating_sub(FIRST_HOST_ID) / ID_RANGE;
+            let backend = self.backend.clone();
+            let host_pid = row.host_pid;
+            let recovered = if row.state == State::Running {
+                let config = config.clone();
+                tokio::task::spawn_blocking(move || backend.recover(&config, host_pid)).await.ok().and_then(Result::ok)
+            } else {
+                None
+            };
+            match recovered {
+                Some(sandbox) => {
+                    let live = Arc::new(Live {
+                        id: row.id.clone(),
+                        address: sandbox.agent_address(),
+                        sandbox,
+                        mux: tokio::sync::Mutex::new(None),
+                        slot,
+                        run_dir,
+                        released: tokio::sync::Mutex::new(false),
+                        egress: Some(self.egress.for_recovered_sandbox(&row)),
+                    });
+                    lock(&self.slots).insert(slot);
+                    lock(&self.live).insert(row.id.clone(), live.clone());
+                    match live.agent().await {
+                        Ok(_) => tracing::info!(id = %row.id, "re-attached a sandbox from the previous daemon run"),
+                        Err(err) => {
+                            tracing::warn!(id = %row.id, %err, "re-attached sandbox does not answer; killing it");
+                            if let Err(err) = self.release(live, State::Exited, "agent_lost").await {
+                                tracing::error!(id = %row.id, %err, "could not release a lost sandbox");
+                            }
+                        }
+                    }
+                }
+                None => {
+                    tracing::warn!(id = %row.id, "sandbox ended while the daemon was down");
+                    let backend = self.backend.clone();
+                    let _ = tokio::task::spawn_blocking(move || backend.cleanup(&config)).await;
+                    remove_dir(self.sandboxes_dir.join(&row.id)).await;
+                    self.db.mark_ended(&row.id, State::Exited, "ended_while_daemon_down", now_ms()).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -214,16 +258,9 @@ impl Manager {
         tokio::fs::create_dir_all(&run_dir)
             .await
             .map_err(|e| ApiError::internal(format!("creating {}: {e}", run_dir.display())))?;
-        let config = JailConfig {
-            id: row.id.clone(),
-            template: row.spec.template().to_string(),
-            hostname: hostname(&row.id),
-            limits: row.limits,
-            volumes: row.spec.volumes.clone(),
-            run_dir: run_dir.clone(),
-            host_id_base: row.host_id_base,
-        };
-        let boot = AgentBoot { env: row.spec.env.clone() };
+        let config = jail_config(row, run_dir.clone());
+        let egress = self.egress.for_new_sandbox(row).await?;
+        let boot = AgentBoot { env: network::boot_env(row, &egress) };
         let backend = self.backend.clone();
         let sandbox = tokio::task::spawn_blocking(move || backend.start(&config, &boot))
             .await
@@ -237,8 +274,9 @@ impl Manager {
             slot,
             run_dir,
             released: tokio::sync::Mutex::new(false),
+            egress: Some(egress),
         });
-        if let Err(err) = live.agent().await {
+        if let Err(err) = self.trust_ca(&live).await {
             let l = live.clone();
             let _ = tokio::task::spawn_blocking(move || l.sandbox.destroy()).await;
             return Err(err);
@@ -431,6 +469,18 @@ impl Manager {
     }
 }
 
+fn jail_config(row: &SandboxRow, run_dir: PathBuf) -> JailConfig {
+    JailConfig {
+        id: row.id.clone(),
+        template: row.spec.template().to_string(),
+        hostname: hostname(&row.id),
+        limits: row.limits,
+        volumes: row.spec.volumes.clone(),
+        run_dir,
+        host_id_base: row.host_id_base,
+    }
+}
+
 pub fn slot_base(slot: u32) -> u32 {
     FIRST_HOST_ID + slot * ID_RANGE
 }
@@ -454,6 +504,7 @@ fn jail_error(err: JailError) -> ApiError {
         JailError::UnknownTemplate(_) | JailError::Config(_) => ApiError::invalid(err.to_string()),
         JailError::Unsupported(_) => ApiError::new(StatusCode::NOT_IMPLEMENTED, "unsupported", err.to_string()),
         JailError::Os { .. } | JailError::Start(_) => ApiError::internal(err.to_string()),
+        JailError::Gone(_) => ApiError::new(StatusCode::CONFLICT, "not_running", err.to_string()),
     }
 }
 

@@ -33,6 +33,7 @@ impl TestServer {
             listen: ListenAddr::Tcp("127.0.0.1:0".parse().expect("addr")),
             data_dir: data_dir.to_path_buf(),
             api_key: api_key.map(String::from),
+            egress: Default::default(),
         };
         let server = bind(config, Arc::new(backend)).await.expect("bind");
         let addr = server.local_addr().expect("tcp address");

@@ -9,6 +9,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod network;
+pub use network::{canonical, normalize_domain, validate_secret_name, NetworkPolicy, NetworkSpec, Rule, RuleTarget};
+
 pub const DEFAULT_TEMPLATE: &str = "base";
 pub const DEFAULT_MEMORY: ByteSize = ByteSize(512 * 1024 * 1024);
 pub const DEFAULT_DISK: ByteSize = ByteSize(1024 * 1024 * 1024);
@@ -152,6 +155,9 @@ pub struct SandboxSpec {
     pub timeout: Option<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
+    /// Egress policy and brokered secrets; the default allows no destination at all.
+    #[serde(default, skip_serializing_if = "NetworkSpec::is_empty")]
+    pub network: NetworkSpec,
 }
 
 impl SandboxSpec {
@@ -187,6 +193,7 @@ impl SandboxSpec {
         for volume in &self.volumes {
             volume.validate()?;
         }
+        self.network.validate()?;
         Ok(limits)
     }
 }

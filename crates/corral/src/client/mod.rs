@@ -1,8 +1,10 @@
 //! CLI verbs that talk to a running daemon over its HTTP API.
 
+mod code;
 mod cp;
 mod exec;
 mod http;
+mod network;
 mod types;
 
 use std::collections::BTreeMap;
@@ -25,12 +27,19 @@ pub enum ClientCommand {
     Ps(PsArgs),
     /// Run a command in a sandbox
     Exec(ExecArgs),
+    /// Run code in a sandbox's stateful interpreter (Python, or JavaScript with --language js)
+    Code(code::CodeArgs),
     /// Copy a file into or out of a sandbox
     Cp(CpArgs),
     /// Kill sandboxes
     Kill(KillArgs),
     /// Show a sandbox as JSON
     Inspect(InspectArgs),
+    /// Show a sandbox's logs (egress audit with --network)
+    Logs(network::LogsArgs),
+    /// Manage brokered secrets
+    #[command(subcommand)]
+    Secret(network::SecretCommand),
 }
 
 /// Runs a verb and returns the process exit code. Errors are printed here as
@@ -40,9 +49,12 @@ pub fn run(cmd: ClientCommand) -> anyhow::Result<i32> {
         ClientCommand::Create(args) => create(args),
         ClientCommand::Ps(args) => ps(args),
         ClientCommand::Exec(args) => exec::run(args),
+        ClientCommand::Code(args) => code::run(args),
         ClientCommand::Cp(args) => cp::run(args),
         ClientCommand::Kill(args) => kill(args),
         ClientCommand::Inspect(args) => inspect(args),
+        ClientCommand::Logs(args) => network::logs(args),
+        ClientCommand::Secret(cmd) => network::secret(cmd),
     };
     match result {
         Ok(code) => Ok(code),
@@ -99,6 +111,8 @@ pub struct CreateArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    network: network::CreateNetworkArgs,
+    #[command(flatten)]
     conn: Conn,
 }
 
@@ -110,11 +124,14 @@ fn create(args: CreateArgs) -> Result<i32> {
         metadata: args.metadata.into_iter().collect(),
         timeout: args.timeout,
         volumes: args.volumes,
+        network: Default::default(),
     };
     // Same checks as the daemon, without the round trip.
     if let Err(e) = spec.validate() {
         bail!("{e}");
     }
+    let mut spec = spec;
+    spec.network = args.network.into_spec(&args.conn)?;
     let api = Api::new(&args.conn)?;
     let info: SandboxInfo = api.json(api.request(Method::POST, "/v1/sandboxes").json(&spec))?;
     if args.json {

@@ -97,24 +97,52 @@ impl Daemon {
         let data_dir = std::env::temp_dir().join(format!("corral-daemon-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&data_dir).expect("data dir");
         let key = format!("crl_test_{}", std::process::id());
-        let child = Command::new(env!("CARGO_BIN_EXE_corral"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-            .arg(&data_dir)
-            .env("CORRAL_API_KEY", &key)
+        let url = format!("http://127.0.0.1:{port}");
+        let child = Self::spawn(&url, &key, &data_dir);
+        let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(60)).build().expect("client");
+        let daemon = Daemon { child, url, key, data_dir, client };
+        daemon.wait_ready();
+        daemon
+    }
+
+    fn spawn(url: &str, key: &str, data_dir: &std::path::Path) -> std::process::Child {
+        Command::new(env!("CARGO_BIN_EXE_corral"))
+            .args(["serve", "--listen", url.trim_start_matches("http://"), "--data-dir"])
+            .arg(data_dir)
+            .env("CORRAL_API_KEY", key)
+            .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit())
             .spawn()
-            .expect("start daemon");
-        let url = format!("http://127.0.0.1:{port}");
-        let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(60)).build().expect("client");
-        let daemon = Daemon { child, url, key, data_dir, client };
-        for _ in 0..200 {
-            if daemon.client.get(format!("{}/v1/health", daemon.url)).send().is_ok() {
-                return daemon;
+            .expect("start daemon")
+    }
+
+    fn wait_ready(&self) {
+        for _ in 0..400 {
+            if self.client.get(format!("{}/v1/health", self.url)).send().is_ok() {
+                return;
             }
             std::thread::sleep(std::time::Duration::from_millis(25));
         }
         panic!("daemon did not come up");
+    }
+
+    /// Kills the daemon with SIGKILL (no cleanup at all) and starts it again on the same
+    /// port and data dir.
+    pub fn crash_and_restart(&mut self) {
+        self.crash();
+        self.restart();
+    }
+
+    /// SIGKILL, no cleanup.
+    pub fn crash(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn restart(&mut self) {
+        self.child = Self::spawn(&self.url, &self.key, &self.data_dir);
+        self.wait_ready();
     }
 
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {

@@ -40,6 +40,7 @@ impl HostPaths {
         launch::ensure_dir(&paths.staging, 0o755)?;
         launch::ensure_dir(&paths.templates, 0o755)?;
         launch::ensure_dir(&paths.templates.join("base").join("lower"), 0o755)?;
+        launch::ensure_dir(&paths.templates.join("code-interpreter-v1").join("lower"), 0o755)?;
         check_searchable(data_dir)?;
         Ok(paths)
     }
@@ -116,6 +117,45 @@ impl Backend for NativeBackend {
                 Err(err)
             }
         }
+    }
+
+    fn recover(&self, config: &JailConfig, host_pid: Option<u32>) -> Result<Box<dyn Sandbox>, JailError> {
+        let gone = || JailError::Gone(config.id.clone());
+        let pid = host_pid.ok_or_else(gone)?;
+        // A recycled pid would not sit in this sandbox's cgroup; checking before and after
+        // pidfd_open closes the window in which it could be recycled.
+        if !self.owns(&config.id, pid) {
+            return Err(gone());
+        }
+        let sandbox = NativeSandbox::attach(config.id.clone(), pid, self.cgroups.handle(&config.id), config.run_dir.clone())
+            .map_err(|_| gone())?;
+        if !self.owns(&config.id, pid) || !sandbox.is_running() {
+            return Err(gone());
+        }
+        Ok(Box::new(sandbox))
+    }
+
+    fn cleanup(&self, config: &JailConfig) -> Result<(), JailError> {
+        let cgroup = self.cgroups.handle(&config.id);
+        if !cgroup.pids().is_empty() {
+            cgroup.kill_all();
+        }
+        cgroup.remove();
+        match std::fs::remove_dir_all(&config.run_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(JailError::os(format!("remove {}", config.run_dir.display()), e))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl NativeBackend {
+    /// True if `pid` is the init of sandbox `id`: it sits in that sandbox's cgroup.
+    fn owns(&self, id: &str, pid: u32) -> bool {
+        let Ok(groups) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return false };
+        let wanted = format!("/corral/{id}");
+        groups.lines().any(|line| line.ends_with(&wanted))
     }
 }
 
@@ -216,6 +256,17 @@ pub fn run_once(
     timeout: Option<Duration>,
     payload: &mut dyn FnMut() -> i32,
 ) -> Result<RunOutcome, JailError> {
+    run_once_keeping(config, data_dir, timeout, Vec::new(), payload)
+}
+
+/// [`run_once`], keeping `keep_fds` open in the sandbox init (e.g. a socket to the caller).
+pub fn run_once_keeping(
+    config: &JailConfig,
+    data_dir: &Path,
+    timeout: Option<Duration>,
+    keep_fds: Vec<i32>,
+    payload: &mut dyn FnMut() -> i32,
+) -> Result<RunOutcome, JailError> {
     let paths = HostPaths::prepare(data_dir)?;
     let cgroups = CgroupLayout::detect()?;
     let plan = LaunchPlan {
@@ -224,7 +275,7 @@ pub fn run_once(
         lower: paths.lower(&config.template)?,
         staging: paths.staging.clone(),
         parent: Parent::Caller,
-        keep_fds: Vec::new(),
+        keep_fds,
         detach_stdio: false,
     };
     let launched = launch::launch(&plan, payload)?;

@@ -3,6 +3,7 @@
 
 mod exec;
 mod files;
+mod network;
 mod sandboxes;
 
 use std::convert::Infallible;
@@ -31,6 +32,8 @@ const JSON_BODY_LIMIT: usize = 32 * 1024 * 1024;
 pub type AppState = Arc<Manager>;
 
 pub fn router(manager: Arc<Manager>, keys: Arc<ApiKeys>) -> Router {
+    // Shared by the native `/code` route and the E2B code interpreter.
+    let interpreters = crate::interpreter::Interpreters::new(manager.clone());
     let protected = Router::new()
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
@@ -49,14 +52,19 @@ pub fn router(manager: Arc<Manager>, keys: Arc<ApiKeys>) -> Router {
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/files/move", post(files::rename))
         .route("/v1/sandboxes/{id}/files/watch", get(files::watch))
-        .route_layer(middleware::from_fn_with_state(keys, auth::require_key));
+        .route("/v1/sandboxes/{id}/network", get(network::get).patch(network::patch))
+        .route("/v1/secrets", post(network::create_secret).get(network::list_secrets))
+        .route("/v1/secrets/{name}", axum::routing::delete(network::delete_secret))
+        .route_layer(middleware::from_fn_with_state(keys.clone(), auth::require_key));
     Router::new()
         .route("/v1/health", get(health))
         .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))
-        .with_state(manager)
+        .with_state(manager.clone())
+        .merge(crate::interpreter::router(interpreters.clone(), keys.clone()))
+        .merge(crate::e2b::router(manager, keys, interpreters))
 }
 
 async fn health() -> Json<serde_json::Value> {

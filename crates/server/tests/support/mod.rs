@@ -65,6 +65,15 @@ impl Backend for FakeBackend {
         "fake"
     }
 
+    /// Fake sandboxes live in this process and die with it: nothing survives to recover.
+    fn recover(&self, config: &JailConfig, _host_pid: Option<u32>) -> Result<Box<dyn Sandbox>, JailError> {
+        Err(JailError::Gone(config.id.clone()))
+    }
+
+    fn cleanup(&self, _config: &JailConfig) -> Result<(), JailError> {
+        Ok(())
+    }
+
     fn start(&self, config: &JailConfig, boot: &AgentBoot) -> Result<Box<dyn Sandbox>, JailError> {
         if config.template == "missing" {
             return Err(JailError::UnknownTemplate(config.template.clone()));
