@@ -416,6 +416,24 @@ mod privilege {
     }
 
     #[test]
+    fn commands_start_with_default_signal_handling() {
+        // Even when corral itself was started with SIGINT ignored (a shell background job).
+        let mut command = std::process::Command::new("/bin/sh");
+        command.env("CORRAL_DATA_DIR", data_dir()).args([
+            "-c",
+            "trap '' INT QUIT; exec \"$0\" run -- /bin/sh -c \"grep -E '^Sig(Ign|Blk):' /proc/self/status\"",
+            env!("CARGO_BIN_EXE_corral"),
+        ]);
+        let run: Run = command.output().expect("run").into();
+        let mask = |name: &str| {
+            run.stdout.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).expect("mask")
+        };
+        // Standard signals 1-31; glibc keeps 32 and 33 for itself.
+        assert_eq!(mask("SigIgn:") & 0x7fff_ffff, 0, "{run:?}");
+        assert_eq!(mask("SigBlk:") & 0x7fff_ffff, 0, "{run:?}");
+    }
+
+    #[test]
     fn sandbox_root_cannot_kill_the_init() {
         let run = sh_root("kill -9 1; kill -TERM 1; sleep 0.2; echo alive");
         assert_eq!(run.stdout.trim(), "alive", "{run:?}");

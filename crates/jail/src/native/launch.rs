@@ -170,6 +170,7 @@ fn setup(plan: &LaunchPlan<'_>, filters: &Filters, ready_fd: i32) -> Result<(), 
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
             .map_err(|e| JailError::os("set death signal", e))?;
     }
+    sys::reset_signal_dispositions();
     let mut keep = plan.keep_fds.clone();
     keep.push(ready_fd);
     sys::close_other_fds(&keep);

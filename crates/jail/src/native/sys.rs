@@ -104,3 +104,28 @@ pub fn bring_loopback_up() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Restores default dispositions and an empty mask for every catchable signal. A daemon
+/// started from a shell's background job inherits SIGINT/SIGQUIT as ignored, and ignored
+/// dispositions survive exec: without this, Ctrl-C would not reach sandbox commands.
+pub fn reset_signal_dispositions() {
+    for signal in 1..=64 {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL (no handler function) cannot violate memory safety; a
+        // zeroed sigaction is a valid value with an empty mask and no flags. Errors for
+        // signal numbers the kernel reserves are ignored.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+    // SAFETY: sigprocmask with a valid, empty set only changes this thread's mask.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
+}
