@@ -14,4 +14,7 @@ if ! [ -x /usr/bin/python3 ]; then
 fi
 
 cargo build --workspace --all-targets --locked
+# The real E2B SDKs (Python sync/async and JS) against a local daemon; creates its own venv.
+./scripts/e2b-tests.sh
+# Unit, integration and escape tests last, so their summary closes the output.
 cargo test --workspace --locked -- --test-threads=2
