@@ -75,10 +75,12 @@ def mem_available_kib():
 
 def start_daemon(corral, data_dir, port):
     key = "crl_bench_" + os.urandom(8).hex()
-    env = dict(os.environ, CORRAL_API_KEY=key)
+    env = dict(os.environ, CORRAL_API_KEY=key, RUST_LOG="warn")
+    # A log file, not a pipe: an unread pipe fills up and blocks the daemon's logging.
+    log = open(os.path.join(data_dir, "daemon.log"), "w")
     proc = subprocess.Popen(
         [corral, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=env, stdout=subprocess.DEVNULL, stderr=log,
     )
     deadline = time.time() + 30
     while time.time() < deadline:
@@ -87,7 +89,7 @@ def start_daemon(corral, data_dir, port):
             return proc, key
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"daemon exited: {proc.stderr.read().decode()}")
+                raise RuntimeError(f"daemon exited: {open(os.path.join(data_dir, 'daemon.log')).read()}")
             time.sleep(0.05)
     raise RuntimeError("daemon did not start")
 
@@ -184,7 +186,7 @@ def main():
         lines.append(f"\ncreate+exec+kill with 2 concurrent clients: **{rate:.0f} per second** over {args.seconds:.0f} s"
                      + (f" ({len(errors)} errors: {errors[:3]})" if errors else ""))
         for count in [int(c) for c in args.idle.split(",") if c]:
-            per_kib, listed, elapsed = bench_idle_memory(client, daemon.pid, count)
+            per_kib, listed, elapsed = bench_idle_memory(Client(port, key), daemon.pid, count)
             lines.append(f"\n{count} idle sandboxes: {per_kib / 1024:.2f} MiB of host memory each "
                          f"(MemAvailable drop / count), {listed} listed as running, created in {elapsed:.1f} s")
     finally:

@@ -6,7 +6,9 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 CORRAL=${CORRAL:-$here/../target/release/corral}
-[ -x "$CORRAL" ] || CORRAL=$here/../target/debug/corral
+# A release binary older than the egress flags is no use; fall back to the debug build.
+"$CORRAL" run --help 2>/dev/null | grep -q egress-resolve || CORRAL=$here/../target/debug/corral
+echo "corral binary: $CORRAL"
 N=${N:-1000}
 MB=${MB:-1024}
 work=$(mktemp -d /tmp/corral-egress-bench.XXXXXX)
@@ -25,8 +27,10 @@ openssl x509 -req -in "$work/leaf.csr" -CA "$work/ca/ca.pem" -CAkey "$work/ca.ke
 head -c $((MB * 1024 * 1024)) /dev/zero > "$work/www/big.bin"
 
 export REAL_SECRET=bench-secret-value BENCH_SECRET=bench-secret-value
-mkfifo "$work/ports"
-sleep 100000 | python3 "$here/../crates/corral/tests/egress_support/upstream.py" "$work/www" "$work/leaf.pem" "$work/leaf.key" > "$work/ports" &
+mkfifo "$work/ports" "$work/hold"
+exec 3<>"$work/hold"  # the upstream runs until its stdin closes or it is killed
+python3 "$here/../crates/corral/tests/egress_support/upstream.py" "$work/www" "$work/leaf.pem" "$work/leaf.key" \
+  < "$work/hold" > "$work/ports" 2>"$work/upstream.log" &
 up_pid=$!
 read http_port https_port < "$work/ports"
 cp "$here/lib/egress_client.py" "$work/ca/"

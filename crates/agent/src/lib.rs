@@ -25,6 +25,7 @@ mod process_table;
 mod pty;
 mod reaper;
 mod session;
+mod snapshot;
 mod users;
 mod watch;
 
@@ -61,6 +62,8 @@ pub struct AgentState {
     host: Mutex<Option<Mux>>,
     processes: ProcessTable,
     reaper: AbortHandle,
+    /// The sandbox's writable layer (from the jail), for snapshots.
+    layer: Option<std::os::fd::OwnedFd>,
 }
 
 impl AgentState {
@@ -74,6 +77,7 @@ impl AgentState {
             host: Mutex::new(None),
             processes: ProcessTable::default(),
             reaper: reaper::spawn_driver().abort_handle(),
+            layer: None,
         })
     }
 
@@ -115,15 +119,21 @@ impl Drop for AgentState {
 ///
 /// Returns only if the runtime cannot be set up (the caller should exit with that code).
 pub fn run(listener: UnixListener, config: AgentConfig) -> i32 {
-    run_inner(listener, config, None)
+    run_inner(listener, config, None, None)
 }
 
 /// [`run`], plus the egress proxy listener on loopback `port` (relayed to the host).
 pub fn run_with_egress(listener: UnixListener, config: AgentConfig, port: u16) -> i32 {
-    run_inner(listener, config, Some(port))
+    run_inner(listener, config, Some(port), None)
 }
 
-fn run_inner(listener: UnixListener, config: AgentConfig, egress_port: Option<u16>) -> i32 {
+/// What a daemon sandbox's agent runs with: optional egress, and the descriptor of the
+/// sandbox's writable layer that snapshots read (see `corral_jail::native::ChildContext`).
+pub fn run_sandbox(listener: UnixListener, config: AgentConfig, egress_port: Option<u16>, layer: Option<std::os::fd::OwnedFd>) -> i32 {
+    run_inner(listener, config, egress_port, layer)
+}
+
+fn run_inner(listener: UnixListener, config: AgentConfig, egress_port: Option<u16>, layer: Option<std::os::fd::OwnedFd>) -> i32 {
     // Root inside the sandbox must not ptrace the agent or read its memory.
     if let Err(err) = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable) {
         tracing::warn!(%err, "could not make the agent non-dumpable");
@@ -143,21 +153,24 @@ fn run_inner(listener: UnixListener, config: AgentConfig, egress_port: Option<u1
                 return 1;
             }
         };
-        let state = match egress_port {
-            Some(port) => {
-                let state = AgentState::with_egress(config, port);
-                match egress::listen(port).await {
-                    Ok(proxy) => {
-                        let s = state.clone();
-                        tokio::spawn(async move { egress::relay(proxy, move || s.host()).await });
-                    }
-                    // No egress is a degraded sandbox, not a dead one.
-                    Err(err) => eprintln!("corral-agent: cannot listen on the egress port: {err}"),
-                }
-                state
-            }
+        let mut state = match egress_port {
+            Some(port) => AgentState::with_egress(config, port),
             None => AgentState::new(config),
         };
+        // The state is not shared yet, so the layer can still be put in.
+        if let Some(inner) = Arc::get_mut(&mut state) {
+            inner.layer = layer;
+        }
+        if let Some(port) = egress_port {
+            match egress::listen(port).await {
+                Ok(proxy) => {
+                    let s = state.clone();
+                    tokio::spawn(async move { egress::relay(proxy, move || s.host()).await });
+                }
+                // No egress is a degraded sandbox, not a dead one.
+                Err(err) => eprintln!("corral-agent: cannot listen on the egress port: {err}"),
+            }
+        }
         loop {
             match listener.accept().await {
                 Ok((conn, _)) => {
@@ -247,6 +260,8 @@ async fn dispatch(
             egress::install_ca(&pem).map_err(|e| AgentError::Request { kind: corral_proto::ErrorKind::from_io(&e), message: format!("installing the CA: {e}") })?;
             Event::Ok
         }
+        Request::SnapshotLayer => return snapshot::capture(state.layer.as_ref(), tx).await,
+        Request::RestoreLayer => return snapshot::restore(rx, tx).await,
         Request::Egress { .. } => {
             return Err(AgentError::Request { kind: corral_proto::ErrorKind::Unsupported, message: "egress streams go to the host".into() });
         }

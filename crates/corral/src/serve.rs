@@ -37,9 +37,9 @@ pub struct ServeArgs {
 }
 
 /// PID 1 of every daemon sandbox.
-fn agent_entry(listener: UnixListener, boot: &AgentBoot) -> i32 {
+fn agent_entry(listener: UnixListener, boot: &AgentBoot, context: corral_jail::native::ChildContext) -> i32 {
     let config = corral_agent::AgentConfig { env: boot.env.clone(), ..Default::default() };
-    corral_agent::run_with_egress(listener, config, corral_agent::egress::PROXY_PORT)
+    corral_agent::run_sandbox(listener, config, Some(corral_agent::egress::PROXY_PORT), context.upper)
 }
 
 pub fn serve(args: ServeArgs) -> Result<i32> {

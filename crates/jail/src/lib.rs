@@ -99,6 +99,32 @@ pub trait Sandbox: Send + Sync {
     fn is_running(&self) -> bool;
     /// Kills every process and releases every resource (cgroups, runtime files). Idempotent.
     fn destroy(&self) -> Result<(), JailError>;
+    /// Stops every process of the sandbox where it stands (no CPU, memory kept), returning once
+    /// all are stopped. The agent is frozen too: nothing inside answers until [`Sandbox::thaw`].
+    fn freeze(&self) -> Result<(), JailError> {
+        Err(JailError::Unsupported("pausing sandboxes".into()))
+    }
+    /// Lets a frozen sandbox run again. Thawing a running sandbox is a no-op.
+    fn thaw(&self) -> Result<(), JailError> {
+        Err(JailError::Unsupported("pausing sandboxes".into()))
+    }
+    /// Stops every process but the agent, so the agent can capture a consistent filesystem.
+    /// Works on running and paused sandboxes alike.
+    fn hold_processes(&self) -> Result<(), JailError> {
+        Err(JailError::Unsupported("snapshots".into()))
+    }
+    /// Undoes [`Sandbox::hold_processes`]; the sandbox ends paused (everything frozen, agent
+    /// included) when `paused`, running otherwise.
+    fn release_processes(&self, paused: bool) -> Result<(), JailError> {
+        let _ = paused;
+        Err(JailError::Unsupported("snapshots".into()))
+    }
+    /// Changes the resource limits of a running sandbox (used when a pooled sandbox is handed
+    /// out). The disk size is fixed at start and is not changed.
+    fn set_limits(&self, limits: &ResolvedLimits) -> Result<(), JailError> {
+        let _ = limits;
+        Err(JailError::Unsupported("changing limits of a running sandbox".into()))
+    }
 }
 
 /// An isolation technology. `native` uses Linux namespaces; gVisor and microVMs come later.

@@ -63,6 +63,12 @@ pub enum Request {
     Egress { peer: String },
     /// Trust this CA (corral's, for brokered TLS) in the sandbox's certificate bundles.
     TrustCa { pem: String },
+    /// The agent streams the sandbox's writable layer as a tar (DATA on channel 0), then a
+    /// `Layer` summary, then END. The host holds every other process frozen meanwhile.
+    SnapshotLayer,
+    /// The client streams a layer made by `SnapshotLayer` (DATA on channel 0, then END); the
+    /// agent applies it through the sandbox's root and answers `Layer`.
+    RestoreLayer,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
@@ -120,6 +126,9 @@ pub enum Event {
     Processes { processes: Vec<ProcessInfo> },
     FsEvent { kind: FsEventKind, path: String },
     Error { kind: ErrorKind, message: String },
+    /// A layer captured or restored: entries, file bytes, and what was left out and why (at
+    /// most 100 reasons; `skipped_count` is exact).
+    Layer { entries: u64, bytes: u64, skipped: Vec<String>, skipped_count: u64 },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

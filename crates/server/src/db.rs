@@ -25,6 +25,8 @@ pub enum State {
     /// Row written, backend still starting it. Never returned by the API.
     Creating,
     Running,
+    /// Frozen: keeps its memory, uses no CPU, its timeout does not run.
+    Paused,
     Killed,
     Exited,
 }
@@ -34,6 +36,7 @@ impl State {
         match self {
             State::Creating => "creating",
             State::Running => "running",
+            State::Paused => "paused",
             State::Killed => "killed",
             State::Exited => "exited",
         }
@@ -43,6 +46,7 @@ impl State {
         Ok(match s {
             "creating" => State::Creating,
             "running" => State::Running,
+            "paused" => State::Paused,
             "killed" => State::Killed,
             "exited" => State::Exited,
             other => return Err(DbError::Corrupt(format!("unknown state {other:?}"))),
@@ -65,6 +69,12 @@ pub struct SandboxRow {
     pub host_id_base: u32,
     pub ended_at: Option<i64>,
     pub end_reason: Option<String>,
+    /// When it was paused (state `paused` only).
+    pub paused_at: Option<i64>,
+    /// Milliseconds of its timeout left when it was paused.
+    pub remaining_ms: Option<i64>,
+    /// The snapshot a long-paused sandbox was written to before its processes were released.
+    pub hibernated: Option<String>,
 }
 
 const SCHEMA: &str = "
@@ -90,7 +100,21 @@ CREATE TABLE IF NOT EXISTS api_keys (
 ";
 
 const COLUMNS: &str = "id, spec, limits, state, created_at, expires_at, timeout_secs, host_pid, agent_address, \
-                       host_id_base, ended_at, end_reason";
+                       host_id_base, ended_at, end_reason, paused_at, remaining_ms, hibernated";
+
+/// Columns added after the first schema; added to older databases when they are opened.
+const ADDED_COLUMNS: [(&str, &str); 3] = [("paused_at", "INTEGER"), ("remaining_ms", "INTEGER"), ("hibernated", "TEXT")];
+
+fn add_missing_columns(conn: &Connection) -> Result<(), DbError> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('sandboxes')")?;
+    let existing = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+    for (name, kind) in ADDED_COLUMNS {
+        if !existing.iter().any(|e| e == name) {
+            conn.execute_batch(&format!("ALTER TABLE sandboxes ADD COLUMN {name} {kind}"))?;
+        }
+    }
+    Ok(())
+}
 
 #[derive(Clone)]
 pub struct Db {
@@ -104,6 +128,7 @@ impl Db {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        add_missing_columns(&conn)?;
         Ok(Db { conn: Arc::new(Mutex::new(conn)) })
     }
 
@@ -127,7 +152,7 @@ impl Db {
     pub async fn insert_sandbox(&self, row: SandboxRow) -> Result<(), DbError> {
         self.call(move |c| {
             c.execute(
-                &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+                &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
                 params![
                     row.id,
                     to_json(&row.spec)?,
@@ -141,6 +166,9 @@ impl Db {
                     row.host_id_base,
                     row.ended_at,
                     row.end_reason,
+                    row.paused_at,
+                    row.remaining_ms,
+                    row.hibernated,
                 ],
             )?;
             Ok(())
@@ -166,7 +194,7 @@ impl Db {
         self.call(move |c| {
             let n = c.execute(
                 "UPDATE sandboxes SET state = ?2, end_reason = ?3, ended_at = ?4 \
-                 WHERE id = ?1 AND state IN ('creating', 'running')",
+                 WHERE id = ?1 AND state IN ('creating', 'running', 'paused')",
                 params![id, state.as_str(), reason, at],
             )?;
             Ok(n > 0)
@@ -174,12 +202,70 @@ impl Db {
         .await
     }
 
+    /// Sets the deadline of a running sandbox, or the time a paused one will have once resumed.
     pub async fn set_expiry(&self, id: &str, expires_at: i64, timeout_secs: u64) -> Result<bool, DbError> {
         let id = id.to_string();
         self.call(move |c| {
             let n = c.execute(
-                "UPDATE sandboxes SET expires_at = ?2, timeout_secs = ?3 WHERE id = ?1 AND state = 'running'",
+                "UPDATE sandboxes SET expires_at = ?2, timeout_secs = ?3, \
+                 remaining_ms = CASE WHEN state = 'paused' THEN ?3 * 1000 ELSE remaining_ms END \
+                 WHERE id = ?1 AND state IN ('running', 'paused')",
                 params![id, expires_at, timeout_secs as i64],
+            )?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    /// Running → paused, keeping what is left of its timeout. False if it was not running.
+    pub async fn mark_paused(&self, id: &str, at: i64) -> Result<bool, DbError> {
+        let id = id.to_string();
+        self.call(move |c| {
+            let n = c.execute(
+                "UPDATE sandboxes SET state = 'paused', paused_at = ?2, remaining_ms = MAX(expires_at - ?2, 0) \
+                 WHERE id = ?1 AND state = 'running'",
+                params![id, at],
+            )?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    /// Paused → running; the deadline is what was left (a sandbox paused by its own timeout
+    /// gets its whole timeout again). False if it was not paused.
+    pub async fn mark_resumed(&self, id: &str, at: i64) -> Result<bool, DbError> {
+        let id = id.to_string();
+        self.call(move |c| {
+            let n = c.execute(
+                "UPDATE sandboxes SET state = 'running', \
+                 expires_at = ?2 + CASE WHEN COALESCE(remaining_ms, 0) > 0 THEN remaining_ms ELSE timeout_secs * 1000 END, \
+                 paused_at = NULL, remaining_ms = NULL, hibernated = NULL \
+                 WHERE id = ?1 AND state = 'paused'",
+                params![id, at],
+            )?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    /// A woken hibernated sandbox got a new id range.
+    pub async fn set_host_id_base(&self, id: &str, base: u32) -> Result<(), DbError> {
+        let id = id.to_string();
+        self.call(move |c| {
+            c.execute("UPDATE sandboxes SET host_id_base = ?2 WHERE id = ?1", params![id, base])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Records that a paused sandbox now lives only in `snapshot` (its processes are gone).
+    pub async fn mark_hibernated(&self, id: &str, snapshot: Option<&str>) -> Result<bool, DbError> {
+        let (id, snapshot) = (id.to_string(), snapshot.map(str::to_string));
+        self.call(move |c| {
+            let n = c.execute(
+                "UPDATE sandboxes SET hibernated = ?2, host_pid = CASE WHEN ?2 IS NULL THEN host_pid ELSE NULL END \
+                 WHERE id = ?1 AND state = 'paused'",
+                params![id, snapshot],
             )?;
             Ok(n > 0)
         })
@@ -238,7 +324,7 @@ impl Db {
     pub async fn unfinished(&self) -> Result<Vec<SandboxRow>, DbError> {
         self.call(move |c| {
             let mut stmt = c.prepare(&format!(
-                "SELECT {COLUMNS} FROM sandboxes WHERE state IN ('creating', 'running')"
+                "SELECT {COLUMNS} FROM sandboxes WHERE state IN ('creating', 'running', 'paused')"
             ))?;
             let rows = stmt.query_map([], |r| Ok(read_row(r)))?;
             let mut out = Vec::new();
@@ -307,5 +393,8 @@ fn read_row(r: &Row<'_>) -> Result<SandboxRow, DbError> {
         host_id_base: r.get(9)?,
         ended_at: r.get(10)?,
         end_reason: r.get(11)?,
+        paused_at: r.get(12)?,
+        remaining_ms: r.get(13)?,
+        hibernated: r.get(14)?,
     })
 }

@@ -15,6 +15,7 @@ mod interpreter;
 mod manager;
 mod openapi;
 mod secrets;
+mod snapshots;
 mod time;
 
 use std::future::Future;

@@ -20,7 +20,10 @@ use crate::time::{now_ms, rfc3339};
 use crate::ServerError;
 
 mod network;
+mod pause;
+mod snapshot;
 pub use network::EgressHub;
+pub use snapshot::InterpreterState;
 
 /// Host ids below this are left to the host's own users.
 const FIRST_HOST_ID: u32 = 200_000;
@@ -38,7 +41,7 @@ const ID_LEN: usize = 20;
 pub struct SandboxInfo {
     pub id: String,
     pub template: String,
-    /// `running`, `killed` or `exited`.
+    /// `running`, `paused`, `killed` or `exited`.
     pub state: String,
     pub limits: ResolvedLimits,
     #[serde(default)]
@@ -53,6 +56,18 @@ pub struct SandboxInfo {
     /// Why it ended: `killed`, `timeout`, `exited`, `shutdown`, `daemon_restarted`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<String>,
+    /// When it was paused; while paused its timeout does not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<String>,
+    /// Seconds of its timeout left, while paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining_timeout: Option<u64>,
+    #[serde(default, skip_serializing_if = "crate::manager::is_kill")]
+    pub on_timeout: corral_spec::TimeoutAction,
+}
+
+fn is_kill(action: &corral_spec::TimeoutAction) -> bool {
+    action.is_kill()
 }
 
 impl From<&SandboxRow> for SandboxInfo {
@@ -68,6 +83,9 @@ impl From<&SandboxRow> for SandboxInfo {
             timeout: row.timeout_secs,
             ended_at: row.ended_at.map(rfc3339),
             end_reason: row.end_reason.clone(),
+            paused_at: row.paused_at.filter(|_| row.state == State::Paused).map(rfc3339),
+            remaining_timeout: row.remaining_ms.filter(|_| row.state == State::Paused).map(|ms| (ms.max(0) as u64).div_ceil(1000)),
+            on_timeout: row.spec.on_timeout,
         }
     }
 }
@@ -85,6 +103,8 @@ struct Live {
     released: tokio::sync::Mutex<bool>,
     /// This sandbox's egress proxy state, which the agent's relayed connections are served by.
     egress: Option<Arc<corral_egress::SandboxEgress>>,
+    /// Frozen: requests to its agent are refused instead of hanging until it is resumed.
+    paused: std::sync::atomic::AtomicBool,
 }
 
 impl Live {
@@ -118,6 +138,9 @@ pub struct Manager {
     slots: Mutex<BTreeSet<u32>>,
     last_purge: Mutex<i64>,
     egress: EgressHub,
+    snapshots: crate::snapshots::Snapshots,
+    /// The code interpreter, for the variables in snapshots (set once the router exists).
+    interpreter: std::sync::OnceLock<std::sync::Weak<dyn InterpreterState>>,
 }
 
 /// Locks a std mutex whose data stays consistent even if a holder panicked.
@@ -133,6 +156,8 @@ impl Manager {
         std::fs::set_permissions(&sandboxes_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(|e| ServerError::io(format!("chmod {}", sandboxes_dir.display()), e))?;
         let secrets = crate::secrets::SecretStore::open(db.clone()).await?;
+        let data_dir = sandboxes_dir.parent().map(std::path::Path::to_path_buf).unwrap_or_else(|| sandboxes_dir.clone());
+        let snapshots = crate::snapshots::Snapshots::open(db.clone(), &data_dir).await?;
         let manager = Arc::new(Manager {
             egress: EgressHub { egress, secrets },
             backend,
@@ -141,6 +166,8 @@ impl Manager {
             live: Mutex::new(HashMap::new()),
             slots: Mutex::new(BTreeSet::new()),
             last_purge: Mutex::new(0),
+            snapshots,
+            interpreter: std::sync::OnceLock::new(),
         });
         manager.recover_previous_run().await?;
         Ok(manager)
@@ -155,7 +182,11 @@ impl Manager {
             let slot = row.host_id_base.saturating_sub(FIRST_HOST_ID) / ID_RANGE;
             let backend = self.backend.clone();
             let host_pid = row.host_pid;
-            let recovered = if row.state == State::Running {
+            if row.state == State::Paused && row.hibernated.is_some() {
+                // Its processes were released on purpose; it lives on in its snapshot.
+                continue;
+            }
+            let recovered = if row.state == State::Running || row.state == State::Paused {
                 let config = config.clone();
                 tokio::task::spawn_blocking(move || backend.recover(&config, host_pid)).await.ok().and_then(Result::ok)
             } else {
@@ -172,11 +203,19 @@ impl Manager {
                         run_dir,
                         released: tokio::sync::Mutex::new(false),
                         egress: Some(self.egress.for_recovered_sandbox(&row)),
+                        paused: std::sync::atomic::AtomicBool::new(row.state == State::Paused),
                     });
+                    // The previous run may have died between freezing and recording it (or
+                    // the reverse): the database says what the sandbox should be.
+                    if let Err(err) = self.converge_frozen(&live, row.state == State::Paused).await {
+                        tracing::warn!(id = %row.id, %err, "could not restore the paused state of a re-attached sandbox");
+                    }
                     lock(&self.slots).insert(slot);
                     lock(&self.live).insert(row.id.clone(), live.clone());
-                    match live.agent().await {
-                        Ok(_) => tracing::info!(id = %row.id, "re-attached a sandbox from the previous daemon run"),
+                    // A frozen agent cannot answer; its connection is made on resume.
+                    let probe = if row.state == State::Paused { Ok(()) } else { live.agent().await.map(|_| ()) };
+                    match probe {
+                        Ok(()) => tracing::info!(id = %row.id, "re-attached a sandbox from the previous daemon run"),
                         Err(err) => {
                             tracing::warn!(id = %row.id, %err, "re-attached sandbox does not answer; killing it");
                             if let Err(err) = self.release(live, State::Exited, "agent_lost").await {
@@ -198,6 +237,9 @@ impl Manager {
     }
 
     pub async fn create(self: &Arc<Self>, spec: SandboxSpec) -> Result<SandboxInfo, ApiError> {
+        spec.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
+        // A snapshot's settings, under what the request sets itself.
+        let spec = self.resolve_snapshot_spec(spec).await?;
         let limits = spec.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
         let this = self.clone();
         // Run to completion even if the client hangs up: a started sandbox must end up
@@ -224,6 +266,9 @@ impl Manager {
             host_id_base: slot_base(slot),
             ended_at: None,
             end_reason: None,
+            paused_at: None,
+            remaining_ms: None,
+            hibernated: None,
         };
         // Recorded before starting, so a crash mid-start leaves a trace for the next run.
         if let Err(e) = self.db.insert_sandbox(row.clone()).await {
@@ -231,7 +276,7 @@ impl Manager {
             return Err(e.into());
         }
         let run_dir = self.sandboxes_dir.join(&row.id);
-        let live = match self.start(&row, slot, run_dir.clone()).await {
+        let live = match self.start_from(&row, slot, run_dir.clone()).await {
             Ok(live) => live,
             Err(err) => {
                 remove_dir(run_dir).await;
@@ -252,6 +297,23 @@ impl Manager {
         }
         tracing::info!(id = %row.id, host_id_base = row.host_id_base, "sandbox started");
         Ok(SandboxInfo::from(&row))
+    }
+
+    /// [`Manager::start`], then the snapshot the spec names (if any) applied inside.
+    async fn start_from(&self, row: &SandboxRow, slot: u32, run_dir: PathBuf) -> Result<Arc<Live>, ApiError> {
+        let live = self.start(row, slot, run_dir).await?;
+        let Some(snapshot_id) = &row.spec.from_snapshot else { return Ok(live) };
+        let restored = match self.snapshots.get(snapshot_id).await {
+            Ok(Some(snapshot)) => self.restore_layer(&live, &snapshot).await,
+            Ok(None) => Err(ApiError::not_found(format!("no snapshot {snapshot_id:?}"))),
+            Err(e) => Err(e.into()),
+        };
+        if let Err(err) = restored {
+            let l = live.clone();
+            let _ = tokio::task::spawn_blocking(move || l.sandbox.destroy()).await;
+            return Err(err);
+        }
+        Ok(live)
     }
 
     async fn start(&self, row: &SandboxRow, slot: u32, run_dir: PathBuf) -> Result<Arc<Live>, ApiError> {
@@ -275,6 +337,7 @@ impl Manager {
             run_dir,
             released: tokio::sync::Mutex::new(false),
             egress: Some(egress),
+            paused: std::sync::atomic::AtomicBool::new(false),
         });
         if let Err(err) = self.trust_ca(&live).await {
             let l = live.clone();
@@ -311,7 +374,10 @@ impl Manager {
                     .await
                     .map_err(|e| ApiError::internal(format!("kill task failed: {e}")))?
             }
-            None => self.get(id).await.map(|_| ()),
+            None => match self.db.get_sandbox(id).await? {
+                Some(row) if row.state == State::Paused && row.hibernated.is_some() => self.kill_hibernated(&row).await,
+                _ => self.get(id).await.map(|_| ()),
+            },
         }
     }
 
@@ -329,7 +395,11 @@ impl Manager {
 
     /// The agent connection of a running sandbox.
     pub async fn agent(&self, id: &str) -> Result<Mux, ApiError> {
-        self.live(id).await?.agent().await
+        let live = self.live(id).await?;
+        if live.paused.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(pause::paused_error(id));
+        }
+        live.agent().await
     }
 
     pub async fn usage(&self, id: &str) -> Result<ResourceUsage, ApiError> {
@@ -345,6 +415,7 @@ impl Manager {
             return Ok(live);
         }
         match self.db.get_sandbox(id).await? {
+            Some(row) if row.state == State::Paused => Err(pause::paused_error(id)),
             Some(row) if row.state != State::Creating => {
                 Err(ApiError::conflict(format!("sandbox {id} is not running (state: {})", row.state.as_str())))
             }
@@ -401,6 +472,7 @@ impl Manager {
         let now = now_ms();
         match self.db.expired(now).await {
             Ok(ids) => {
+                let ids = self.pause_those_that_pause_on_timeout(ids).await;
                 let expired: Vec<_> = ids.iter().filter_map(|id| lock(&self.live).get(id).cloned()).collect();
                 let kills = expired.into_iter().map(|live| self.release(live, State::Killed, "timeout"));
                 for result in futures::future::join_all(kills).await {
@@ -425,6 +497,10 @@ impl Manager {
                     tracing::warn!(%e, "releasing an exited sandbox failed");
                 }
             }
+        }
+
+        if let Some(after) = pause::hibernate_after() {
+            self.hibernate_idle(after).await;
         }
 
         let purge_due = {

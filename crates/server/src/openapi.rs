@@ -74,6 +74,71 @@ fn no_content(description: &str) -> Value {
 }
 
 pub fn document() -> Value {
+    let mut doc = base_document();
+    if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), state_paths()) {
+        paths.extend(more);
+    }
+    if let (Some(schemas), Value::Object(more)) = (doc["components"]["schemas"].as_object_mut(), state_schemas()) {
+        schemas.extend(more);
+    }
+    doc
+}
+
+/// Pause/resume, snapshots, rollback and fork.
+fn state_paths() -> Value {
+    let snap_param = param("id", "path", true, json!({ "type": "string" }), "Snapshot id");
+    json!({
+        "/v1/sandboxes/{id}/pause": { "parameters": [id_param()], "post": {
+            "summary": "Freeze every process: no CPU, memory and processes kept, timeout stopped",
+            "responses": with_errors(json!({ "200": json_response("The paused sandbox", schema_ref("SandboxInfo")) }), &["401", "404", "409"]) } },
+        "/v1/sandboxes/{id}/resume": { "parameters": [id_param()], "post": {
+            "summary": "Thaw a paused sandbox; its timeout runs again with the time it had left",
+            "responses": with_errors(json!({ "200": json_response("The running sandbox", schema_ref("SandboxInfo")) }), &["401", "404", "409"]) } },
+        "/v1/sandboxes/{id}/snapshots": { "parameters": [id_param()],
+            "post": {
+                "summary": "Snapshot the writable layer, settings and interpreter variables (processes are held frozen meanwhile; their memory is not captured)",
+                "requestBody": { "required": false, "content": { "application/json": { "schema": { "type": "object", "properties": { "name": { "type": "string" } } } } } },
+                "responses": with_errors(json!({ "201": json_response("The snapshot", schema_ref("Snapshot")) }), &["401", "404", "409", "502", "507"]) },
+            "get": { "summary": "This sandbox's snapshots", "responses": with_errors(json!({ "200": json_response("Snapshots, newest first", json!({ "type": "object", "properties": { "snapshots": { "type": "array", "items": schema_ref("Snapshot") } } })) }), &["401", "404"]) } },
+        "/v1/sandboxes/{id}/restore": { "parameters": [id_param()], "post": {
+            "summary": "Roll the sandbox back to a snapshot in place (same id and settings; its processes restart)",
+            "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["snapshot"], "properties": { "snapshot": { "type": "string" } } } } } },
+            "responses": with_errors(json!({ "200": json_response("The sandbox", schema_ref("SandboxInfo")) }), &["401", "404", "409", "422", "507"]) } },
+        "/v1/sandboxes/{id}/fork": { "parameters": [id_param()], "post": {
+            "summary": "Snapshot the sandbox and create `count` sandboxes from it",
+            "requestBody": { "required": false, "content": { "application/json": { "schema": { "type": "object", "properties": {
+                "count": { "type": "integer", "minimum": 1, "maximum": 64, "default": 1 }, "timeout": { "type": "integer" },
+                "metadata": { "type": "object", "additionalProperties": { "type": "string" } } } } } } },
+            "responses": with_errors(json!({ "201": json_response("The snapshot id and the new sandboxes", json!({ "type": "object", "properties": {
+                "snapshot": { "type": "string" }, "sandboxes": { "type": "array", "items": schema_ref("SandboxInfo") } } })) }), &["401", "404", "409", "422"]) } },
+        "/v1/snapshots": { "get": {
+            "summary": "List snapshots",
+            "parameters": [param("sandbox", "query", false, json!({ "type": "string" }), "Only this sandbox's")],
+            "responses": with_errors(json!({ "200": json_response("Snapshots, newest first", json!({ "type": "object", "properties": { "snapshots": { "type": "array", "items": schema_ref("Snapshot") } } })) }), &["401"]) } },
+        "/v1/snapshots/{id}": { "parameters": [snap_param],
+            "get": { "summary": "Inspect a snapshot", "responses": with_errors(json!({ "200": json_response("The snapshot", schema_ref("Snapshot")) }), &["401", "404"]) },
+            "delete": { "summary": "Delete a snapshot (its layer goes with the last snapshot using it)", "responses": with_errors(json!({ "204": no_content("Deleted") }), &["401", "404"]) } }
+    })
+}
+
+fn state_schemas() -> Value {
+    json!({
+        "Snapshot": { "type": "object", "properties": {
+            "id": { "type": "string" }, "sandbox_id": { "type": "string" }, "name": { "type": "string" },
+            "created_at": { "type": "string", "format": "date-time" }, "template": { "type": "string" },
+            "spec": { "$ref": "#/components/schemas/SandboxSpec" },
+            "layer": { "type": "string", "description": "sha256 of the zstd-compressed layer" },
+            "layer_bytes": { "type": "integer" }, "file_bytes": { "type": "integer" }, "entries": { "type": "integer" },
+            "skipped": { "type": "array", "items": { "type": "string" } }, "skipped_count": { "type": "integer" },
+            "frozen_ms": { "type": "integer" },
+            "interpreter": { "type": "array", "items": { "type": "object", "properties": {
+                "id": { "type": "string" }, "language": { "type": "string" }, "pickler": { "type": "string" },
+                "saved": { "type": "array", "items": { "type": "string" } },
+                "unsaved": { "type": "array", "items": { "type": "object", "properties": { "name": { "type": "string" }, "reason": { "type": "string" } } } } } } } } }
+    })
+}
+
+fn base_document() -> Value {
     let all = ["400", "401", "404", "409", "502"];
     json!({
         "openapi": "3.1.0",
@@ -100,7 +165,7 @@ pub fn document() -> Value {
                 "get": {
                     "summary": "List sandboxes",
                     "parameters": [
-                        param("state", "query", false, json!({ "type": "string" }), "Comma-separated states: running, killed, exited"),
+                        param("state", "query", false, json!({ "type": "string" }), "Comma-separated states: running, paused, killed, exited"),
                         param("metadata.KEY", "query", false, json!({ "type": "string" }), "Only sandboxes whose metadata KEY equals this value; repeatable with other keys")
                     ],
                     "responses": with_errors(json!({ "200": json_response("Matching sandboxes, newest first", json!({ "type": "object", "properties": { "sandboxes": { "type": "array", "items": schema_ref("SandboxInfo") } } })) }), &["400", "401"])
@@ -232,12 +297,17 @@ pub fn document() -> Value {
                     "pids": { "type": "integer", "minimum": 8, "maximum": 65536, "default": 256 },
                     "env": { "type": "object", "additionalProperties": { "type": "string" } },
                     "metadata": { "type": "object", "additionalProperties": { "type": "string" } },
-                    "timeout": { "type": "integer", "minimum": 1, "maximum": 2592000, "default": 300, "description": "Seconds until the sandbox is killed" },
+                    "timeout": { "type": "integer", "minimum": 1, "maximum": 2592000, "default": 300, "description": "Seconds until the sandbox is killed (or paused)" },
+                    "on_timeout": { "type": "string", "enum": ["kill", "pause"], "default": "kill" },
+                    "from_snapshot": { "type": "string", "description": "Start from this snapshot's files, settings and interpreter state; fields given here override its settings" },
                     "volumes": { "type": "array", "items": { "type": "object", "required": ["host", "path"], "properties": { "host": { "type": "string" }, "path": { "type": "string" }, "read_only": { "type": "boolean" } } } } } },
                 "SandboxInfo": { "type": "object", "required": ["id", "template", "state", "limits", "metadata", "created_at", "expires_at", "timeout"], "properties": {
                     "id": { "type": "string" },
                     "template": { "type": "string" },
-                    "state": { "type": "string", "enum": ["running", "killed", "exited"] },
+                    "state": { "type": "string", "enum": ["running", "paused", "killed", "exited"] },
+                    "paused_at": { "type": "string", "format": "date-time" },
+                    "remaining_timeout": { "type": "integer", "description": "Seconds of timeout left, while paused" },
+                    "on_timeout": { "type": "string", "enum": ["kill", "pause"] },
                     "limits": { "type": "object", "properties": { "cpus": { "type": "number" }, "memory": { "type": "integer" }, "disk": { "type": "integer" }, "pids": { "type": "integer" } } },
                     "metadata": { "type": "object", "additionalProperties": { "type": "string" } },
                     "created_at": { "type": "string", "format": "date-time" },

@@ -158,6 +158,40 @@ pub struct SandboxSpec {
     /// Egress policy and brokered secrets; the default allows no destination at all.
     #[serde(default, skip_serializing_if = "NetworkSpec::is_empty")]
     pub network: NetworkSpec,
+    /// What happens when the timeout expires: `kill` (default) or `pause`.
+    #[serde(default, skip_serializing_if = "TimeoutAction::is_kill")]
+    pub on_timeout: TimeoutAction,
+    /// Start from this snapshot's files, settings and interpreter state instead of the bare
+    /// template. Fields given here override the snapshot's settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+}
+
+/// What the daemon does with a sandbox whose timeout expired.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeoutAction {
+    #[default]
+    Kill,
+    /// Freeze it instead; it keeps its memory and can be resumed.
+    Pause,
+}
+
+impl TimeoutAction {
+    pub fn is_kill(&self) -> bool {
+        *self == TimeoutAction::Kill
+    }
+}
+
+impl FromStr for TimeoutAction {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "kill" => Ok(TimeoutAction::Kill),
+            "pause" => Ok(TimeoutAction::Pause),
+            other => Err(SpecError::Invalid { field: "on_timeout", reason: format!("{other:?}: use kill or pause") }),
+        }
+    }
 }
 
 impl SandboxSpec {
@@ -192,6 +226,11 @@ impl SandboxSpec {
         }
         for volume in &self.volumes {
             volume.validate()?;
+        }
+        if let Some(snapshot) = &self.from_snapshot {
+            if !is_name(snapshot) {
+                return Err(SpecError::Invalid { field: "from_snapshot", reason: format!("{snapshot:?} is not a snapshot id") });
+            }
         }
         self.network.validate()?;
         Ok(limits)

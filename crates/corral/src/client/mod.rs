@@ -5,6 +5,7 @@ mod cp;
 mod exec;
 mod http;
 mod network;
+mod state;
 mod types;
 
 use std::collections::BTreeMap;
@@ -35,6 +36,19 @@ pub enum ClientCommand {
     Kill(KillArgs),
     /// Show a sandbox as JSON
     Inspect(InspectArgs),
+    /// Freeze sandboxes: no CPU, memory and processes kept, timeout stopped
+    Pause(state::IdsArgs),
+    /// Resume paused sandboxes
+    Resume(state::IdsArgs),
+    /// Snapshot a sandbox (files, settings, interpreter variables) and print the snapshot id
+    Snapshot(state::SnapshotArgs),
+    /// List, inspect and delete snapshots
+    #[command(subcommand)]
+    Snapshots(state::SnapshotsCommand),
+    /// Put a sandbox back to a snapshot, in place
+    Rollback(state::RollbackArgs),
+    /// Make new sandboxes from a sandbox's current state
+    Fork(state::ForkArgs),
     /// Show a sandbox's logs (egress audit with --network)
     Logs(network::LogsArgs),
     /// Manage brokered secrets
@@ -53,6 +67,12 @@ pub fn run(cmd: ClientCommand) -> anyhow::Result<i32> {
         ClientCommand::Cp(args) => cp::run(args),
         ClientCommand::Kill(args) => kill(args),
         ClientCommand::Inspect(args) => inspect(args),
+        ClientCommand::Pause(args) => state::pause_or_resume(args, "pause"),
+        ClientCommand::Resume(args) => state::pause_or_resume(args, "resume"),
+        ClientCommand::Snapshot(args) => state::snapshot(args),
+        ClientCommand::Snapshots(cmd) => state::snapshots(cmd),
+        ClientCommand::Rollback(args) => state::rollback(args),
+        ClientCommand::Fork(args) => state::fork(args),
         ClientCommand::Logs(args) => network::logs(args),
         ClientCommand::Secret(cmd) => network::secret(cmd),
     };
@@ -98,6 +118,12 @@ pub struct CreateArgs {
     /// Kill the sandbox after this long, e.g. 300s, 30m, 2h
     #[arg(long, value_name = "DURATION", value_parser = parse_timeout_secs)]
     timeout: Option<u64>,
+    /// What the timeout does: kill (default) or pause
+    #[arg(long, value_name = "ACTION")]
+    on_timeout: Option<corral_spec::TimeoutAction>,
+    /// Start from a snapshot (files, settings, interpreter state) instead of the bare template
+    #[arg(long = "from", value_name = "SNAPSHOT")]
+    from_snapshot: Option<String>,
     /// Environment variable for every process in the sandbox (repeatable)
     #[arg(short = 'e', long = "env", value_name = "KEY=VALUE", value_parser = parse_pair)]
     env: Vec<(String, String)>,
@@ -125,6 +151,8 @@ fn create(args: CreateArgs) -> Result<i32> {
         timeout: args.timeout,
         volumes: args.volumes,
         network: Default::default(),
+        on_timeout: args.on_timeout.unwrap_or_default(),
+        from_snapshot: args.from_snapshot,
     };
     // Same checks as the daemon, without the round trip.
     if let Err(e) = spec.validate() {
@@ -148,7 +176,7 @@ pub struct PsArgs {
     /// Include killed and exited sandboxes
     #[arg(short, long)]
     all: bool,
-    /// Only these states (comma-separated): running, killed, exited
+    /// Only these states (comma-separated): running, paused, killed, exited
     #[arg(long, value_name = "STATES")]
     state: Option<String>,
     /// Only sandboxes with this metadata (repeatable; all must match)
@@ -170,7 +198,7 @@ fn ps(args: PsArgs) -> Result<i32> {
     let mut query: Vec<(String, String)> = Vec::new();
     match (&args.state, args.all) {
         (Some(state), _) => query.push(("state".into(), state.clone())),
-        (None, false) => query.push(("state".into(), "running".into())),
+        (None, false) => query.push(("state".into(), "running,paused".into())),
         (None, true) => {}
     }
     query.extend(args.metadata.into_iter().map(|(k, v)| (format!("metadata.{k}"), v)));

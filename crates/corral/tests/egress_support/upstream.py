@@ -1,7 +1,7 @@
 # Upstream servers for the egress tests, on 127.0.0.1 only: plain HTTP and HTTPS (test CA),
 # both serving ROOT (hello.txt, a pip simple index) and /auth, which reports whether the
 # real secret arrived without ever sending it back.
-import http.server, os, ssl, sys, threading, zipfile
+import http.server, os, socket, ssl, sys, threading, zipfile
 
 root, cert, key = sys.argv[1], sys.argv[2], sys.argv[3]
 real = os.environ["REAL_SECRET"]
@@ -27,6 +27,12 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 
     def log_message(self, *a):
         pass
+
+    def setup(self):
+        super().setup()
+        # Headers and body go out in separate writes; without this, Nagle and delayed ACKs
+        # add 40 ms to every keep-alive request.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def answer(self, text):
         body = text.encode()

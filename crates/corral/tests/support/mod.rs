@@ -85,6 +85,8 @@ pub const ENOSYS: i32 = 38;
 /// A `corral serve` started for one test file, on a free loopback port with its own data dir.
 pub struct Daemon {
     child: std::process::Child,
+    /// Extra environment for the daemon process, kept for restarts.
+    env: Vec<(String, String)>,
     pub url: String,
     pub key: String,
     pub data_dir: PathBuf,
@@ -93,20 +95,27 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start() -> Daemon {
+        Self::start_with_env(&[])
+    }
+
+    /// [`Daemon::start`] with extra environment variables (e.g. `CORRAL_HIBERNATE_AFTER`).
+    pub fn start_with_env(env: &[(&str, &str)]) -> Daemon {
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let data_dir = std::env::temp_dir().join(format!("corral-daemon-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&data_dir).expect("data dir");
         let key = format!("crl_test_{}", std::process::id());
         let url = format!("http://127.0.0.1:{port}");
-        let child = Self::spawn(&url, &key, &data_dir);
+        let child = Self::spawn(&url, &key, &data_dir, &env);
         let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(60)).build().expect("client");
-        let daemon = Daemon { child, url, key, data_dir, client };
+        let daemon = Daemon { child, env, url, key, data_dir, client };
         daemon.wait_ready();
         daemon
     }
 
-    fn spawn(url: &str, key: &str, data_dir: &std::path::Path) -> std::process::Child {
+    fn spawn(url: &str, key: &str, data_dir: &std::path::Path, env: &[(String, String)]) -> std::process::Child {
         Command::new(env!("CARGO_BIN_EXE_corral"))
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .args(["serve", "--listen", url.trim_start_matches("http://"), "--data-dir"])
             .arg(data_dir)
             .env("CORRAL_API_KEY", key)
@@ -141,7 +150,7 @@ impl Daemon {
     }
 
     pub fn restart(&mut self) {
-        self.child = Self::spawn(&self.url, &self.key, &self.data_dir);
+        self.child = Self::spawn(&self.url, &self.key, &self.data_dir, &self.env);
         self.wait_ready();
     }
 

@@ -224,14 +224,115 @@ impl SandboxCgroup {
             .unwrap_or_default()
     }
 
-    /// Freezes (true) or thaws (false) every process in the sandbox.
+    /// Freezes (true) or thaws (false) every process in the sandbox. Thawing also thaws the
+    /// processes held aside by [`SandboxCgroup::hold_all_but`], so nothing stays stopped by
+    /// accident (e.g. after a daemon crash in the middle of a snapshot).
     pub fn set_frozen(&self, frozen: bool) -> Result<(), JailError> {
+        let dir = self.freezer_dir()?;
+        if !frozen && dir.join(HOLD).is_dir() {
+            let _ = write_freeze(self.layout_v2, &dir.join(HOLD), false);
+        }
+        write_freeze(self.layout_v2, dir, frozen)
+    }
+
+    fn freezer_dir(&self) -> Result<&Path, JailError> {
+        let controller = if self.layout_v2 { "unified" } else { "freezer" };
+        self.dir(controller).ok_or_else(|| JailError::Unsupported("cgroup freezer".into()))
+    }
+
+    /// Leaves only `init` running: every other process is moved, frozen, into a `hold` child
+    /// group. The agent (the init) can then read a consistent filesystem while nothing else
+    /// changes it, whether the sandbox was running or paused before.
+    pub fn hold_all_but(&self, init: u32, timeout: std::time::Duration) -> Result<(), JailError> {
+        let dir = self.freezer_dir()?.to_path_buf();
+        // Everything stops first, so nothing can fork while the others are being moved.
+        self.set_frozen_and_wait(true, timeout)?;
+        let hold = dir.join(HOLD);
+        let result = (|| {
+            match fs::create_dir(&hold) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(os("create", &hold, e)),
+                _ => {}
+            }
+            write_freeze(self.layout_v2, &hold, true)?;
+            for pid in read_pids(&dir) {
+                if pid != init {
+                    // A process that exited meanwhile cannot be moved; that is fine.
+                    let _ = fs::write(hold.join("cgroup.procs"), pid.to_string());
+                }
+            }
+            Ok(())
+        })();
+        // The init runs again whatever happened; held processes stay frozen in their group.
+        write_freeze(self.layout_v2, &dir, false)?;
+        if result.is_err() {
+            self.release_held(false);
+        }
+        result
+    }
+
+    /// Undoes [`SandboxCgroup::hold_all_but`]: held processes rejoin the sandbox's group, which
+    /// ends frozen when `stay_frozen` (a paused sandbox) and running otherwise.
+    pub fn release_held(&self, stay_frozen: bool) {
+        let Ok(dir) = self.freezer_dir().map(Path::to_path_buf) else { return };
+        if stay_frozen {
+            if let Err(err) = self.set_frozen_and_wait(true, std::time::Duration::from_secs(5)) {
+                tracing::warn!(%err, "could not freeze the sandbox again after a snapshot");
+            }
+        }
+        let hold = dir.join(HOLD);
+        for pid in read_pids(&hold) {
+            let _ = fs::write(dir.join("cgroup.procs"), pid.to_string());
+        }
+        if !stay_frozen {
+            let _ = write_freeze(self.layout_v2, &hold, false);
+        }
+        let _ = fs::remove_dir(&hold);
+    }
+
+    /// Freezes or thaws, and waits (at most `timeout`) until the kernel reports every task
+    /// stopped: a write only starts freezing, and a snapshot taken before it completes would
+    /// race with processes still writing.
+    pub fn set_frozen_and_wait(&self, frozen: bool, timeout: std::time::Duration) -> Result<(), JailError> {
+        self.set_frozen(frozen)?;
+        if !frozen {
+            return Ok(());
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut pause = std::time::Duration::from_micros(20);
+        loop {
+            if self.is_frozen()? {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = self.set_frozen(false);
+                return Err(JailError::Start("the sandbox did not freeze in time".into()));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Whether every task of the sandbox is frozen (not merely being frozen).
+    pub fn is_frozen(&self) -> Result<bool, JailError> {
         if self.layout_v2 {
             let dir = self.dir("unified").ok_or_else(|| JailError::Unsupported("cgroup freezer".into()))?;
-            return write(&dir.join("cgroup.freeze"), if frozen { "1" } else { "0" });
+            let path = dir.join("cgroup.events");
+            let events = fs::read_to_string(&path).map_err(|e| os("read", &path, e))?;
+            return Ok(events.lines().any(|l| l.trim() == "frozen 1"));
         }
         let dir = self.dir("freezer").ok_or_else(|| JailError::Unsupported("cgroup freezer".into()))?;
-        write(&dir.join("freezer.state"), if frozen { "FROZEN" } else { "THAWED" })
+        let path = dir.join("freezer.state");
+        let state = fs::read_to_string(&path).map_err(|e| os("read", &path, e))?;
+        Ok(state.trim() == "FROZEN")
+    }
+
+    /// Rewrites memory, CPU and pids limits of a running sandbox.
+    pub fn set_limits(&self, limits: &ResolvedLimits) -> Result<(), JailError> {
+        if self.layout_v2 {
+            self.limit_v2(limits)
+        } else {
+            self.limit_v1(limits)
+        }
     }
 
     /// Kills every process in the groups; used when the init is already gone or unknown.
@@ -256,6 +357,15 @@ impl SandboxCgroup {
             if !dir.exists() {
                 continue;
             }
+            if dir.join(HOLD).is_dir() {
+                let _ = write_freeze(self.layout_v2, &dir.join(HOLD), false);
+                for attempt in 0..200u64 {
+                    if fs::remove_dir(dir.join(HOLD)).is_ok() || attempt == 199 {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
             // The kernel frees a group a moment after its last task exits: retry, briefly at first.
             for attempt in 0..400u64 {
                 match fs::remove_dir(dir) {
@@ -267,6 +377,23 @@ impl SandboxCgroup {
             }
         }
     }
+}
+
+/// The child group processes are held frozen in while the agent snapshots the sandbox.
+const HOLD: &str = "hold";
+
+fn write_freeze(v2: bool, dir: &Path, frozen: bool) -> Result<(), JailError> {
+    if v2 {
+        write(&dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })
+    } else {
+        write(&dir.join("freezer.state"), if frozen { "FROZEN" } else { "THAWED" })
+    }
+}
+
+fn read_pids(dir: &Path) -> Vec<u32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
 }
 
 fn cpu_quota_us(cpus: f64) -> u64 {

@@ -18,18 +18,25 @@ pub enum FenceStatus {
 
 /// Restricts the calling thread and its future children. Best effort: kernels without
 /// Landlock still get the rest of the jail.
-pub fn apply() -> Result<FenceStatus, String> {
+///
+/// `upper` (the overlay's writable layer, outside the new root) becomes readable, and only
+/// readable, for whoever holds its descriptor: the agent, when it snapshots the layer.
+pub fn apply(upper: Option<&std::os::fd::OwnedFd>) -> Result<FenceStatus, String> {
     let abi = ABI::V6;
     let all = AccessFs::from_all(abi);
     let allowed = all & !(AccessFs::MakeChar | AccessFs::MakeBlock);
     let root = landlock::PathFd::new("/").map_err(|e| format!("landlock: open /: {e}"))?;
-    let status = Ruleset::default()
+    let mut ruleset = Ruleset::default()
         .handle_access(all)
         .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
         .and_then(|r| r.create())
         .and_then(|r| r.add_rule(landlock::PathBeneath::new(root, allowed)))
-        .and_then(|r| r.restrict_self())
         .map_err(|e| format!("landlock: {e}"))?;
+    if let Some(upper) = upper {
+        let read = AccessFs::ReadFile | AccessFs::ReadDir;
+        ruleset = ruleset.add_rule(landlock::PathBeneath::new(upper, read)).map_err(|e| format!("landlock: {e}"))?;
+    }
+    let status = ruleset.restrict_self().map_err(|e| format!("landlock: {e}"))?;
     Ok(match status.ruleset {
         landlock::RulesetStatus::FullyEnforced => FenceStatus::Enforced,
         landlock::RulesetStatus::PartiallyEnforced => FenceStatus::PartiallyEnforced,

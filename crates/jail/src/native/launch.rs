@@ -54,9 +54,23 @@ pub struct Launched {
     pub cgroup: SandboxCgroup,
 }
 
+/// What the sandbox init hands its payload besides the descriptors in `keep_fds`.
+pub struct ChildContext {
+    /// The overlay's upper (writable) dir: an `O_PATH | O_DIRECTORY | O_CLOEXEC` descriptor
+    /// opened before `pivot_root`, the only way to reach that dir afterwards. Readable (and
+    /// nothing more, Landlock permitting) for snapshots of the writable layer.
+    pub upper: Option<OwnedFd>,
+}
+
 /// Starts the sandbox and returns once it is set up and about to run `payload`.
 /// `payload` runs as PID 1 inside the sandbox; its return value is the init's exit code.
 pub fn launch(plan: &LaunchPlan<'_>, payload: &mut dyn FnMut() -> i32) -> Result<Launched, JailError> {
+    // `corral run` has no use for the layer; dropping the context closes its descriptor.
+    launch_with_context(plan, &mut |_context| payload())
+}
+
+/// [`launch`], with the [`ChildContext`] passed to the payload.
+pub fn launch_with_context(plan: &LaunchPlan<'_>, payload: &mut dyn FnMut(ChildContext) -> i32) -> Result<Launched, JailError> {
     let filters = Filters::build()?;
     let cgroup = plan.cgroups.create(&plan.config.id, &plan.config.limits)?;
     let result = start(plan, &cgroup, &filters, payload);
@@ -78,7 +92,7 @@ fn start(
     plan: &LaunchPlan<'_>,
     cgroup: &SandboxCgroup,
     filters: &Filters,
-    payload: &mut dyn FnMut() -> i32,
+    payload: &mut dyn FnMut(ChildContext) -> i32,
 ) -> Result<u32, JailError> {
     let (go_read, go_write) = pipe()?;
     let (ready_read, ready_write) = pipe()?;
@@ -140,7 +154,7 @@ fn run_child(
     filters: &Filters,
     go: OwnedFd,
     ready: OwnedFd,
-    payload: &mut dyn FnMut() -> i32,
+    payload: &mut dyn FnMut(ChildContext) -> i32,
 ) -> i32 {
     let mut ready = fs::File::from(ready);
     let mut byte = [0u8; 1];
@@ -148,12 +162,12 @@ fn run_child(
         return 120;
     }
     match setup(plan, filters, ready.as_fd().as_raw_fd()) {
-        Ok(()) => {
+        Ok(context) => {
             if ready.write_all(&[0]).is_err() {
                 return 120;
             }
             drop(ready);
-            payload()
+            payload(context)
         }
         Err(err) => {
             let mut message = vec![1u8];
@@ -164,7 +178,7 @@ fn run_child(
     }
 }
 
-fn setup(plan: &LaunchPlan<'_>, filters: &Filters, ready_fd: i32) -> Result<(), JailError> {
+fn setup(plan: &LaunchPlan<'_>, filters: &Filters, ready_fd: i32) -> Result<ChildContext, JailError> {
     if plan.parent == Parent::Caller {
         // `corral run`: the sandbox must not outlive the CLI that waits for it.
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
@@ -180,7 +194,7 @@ fn setup(plan: &LaunchPlan<'_>, filters: &Filters, ready_fd: i32) -> Result<(), 
     become_root()?;
     // The cgroup namespace is created only now, so its root is the sandbox's own group.
     sys::unshare_namespaces(UnshareFlags::NEWCGROUP).map_err(|e| JailError::os("unshare cgroup namespace", e))?;
-    rootfs::build(&rootfs::RootfsPlan {
+    let upper = rootfs::build(&rootfs::RootfsPlan {
         staging: &plan.staging,
         lower: &plan.lower,
         disk_bytes: plan.config.limits.disk.0,
@@ -190,10 +204,11 @@ fn setup(plan: &LaunchPlan<'_>, filters: &Filters, ready_fd: i32) -> Result<(), 
     sys::bring_loopback_up().map_err(|e| JailError::os("bring up loopback", e))?;
     set_rlimits()?;
     rustix::thread::set_no_new_privs(true).map_err(|e| JailError::os("set no_new_privs", e))?;
-    if let Err(reason) = fence::apply() {
+    if let Err(reason) = fence::apply(upper.as_ref()) {
         tracing::debug!(%reason, "landlock not applied");
     }
-    filters.apply()
+    filters.apply()?;
+    Ok(ChildContext { upper })
 }
 
 fn become_root() -> Result<(), JailError> {

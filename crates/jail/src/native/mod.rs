@@ -17,7 +17,7 @@ pub mod zygote;
 
 pub use cgroup::{CgroupLayout, SandboxCgroup};
 pub use fence::FenceStatus;
-pub use launch::{LaunchPlan, Parent};
+pub use launch::{ChildContext, LaunchPlan, Parent};
 pub use zygote::{AgentEntry, Zygote};
 
 use crate::{AgentAddress, AgentBoot, Backend, JailConfig, JailError, ResourceUsage, Sandbox};
@@ -222,6 +222,8 @@ impl Sandbox for NativeSandbox {
     fn destroy(&self) -> Result<(), JailError> {
         // Killing PID 1 of the pid namespace kills every process in it.
         let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
+        // A paused sandbox: on cgroup v1 the kill is only delivered once the tasks thaw.
+        let _ = self.cgroup.set_frozen(false);
         if !self.wait_exit(Duration::from_secs(5)) {
             tracing::warn!(id = %self.id, "sandbox init did not exit after SIGKILL");
         }
@@ -237,7 +239,37 @@ impl Sandbox for NativeSandbox {
             Err(e) => Err(JailError::os(format!("remove {}", self.run_dir.display()), e)),
         }
     }
+
+    fn freeze(&self) -> Result<(), JailError> {
+        if !self.is_running() {
+            return Err(JailError::Gone(self.id.clone()));
+        }
+        self.cgroup.set_frozen_and_wait(true, FREEZE_TIMEOUT)
+    }
+
+    fn thaw(&self) -> Result<(), JailError> {
+        self.cgroup.set_frozen(false)
+    }
+
+    fn hold_processes(&self) -> Result<(), JailError> {
+        if !self.is_running() {
+            return Err(JailError::Gone(self.id.clone()));
+        }
+        self.cgroup.hold_all_but(self.pid, FREEZE_TIMEOUT)
+    }
+
+    fn release_processes(&self, paused: bool) -> Result<(), JailError> {
+        self.cgroup.release_held(paused);
+        Ok(())
+    }
+
+    fn set_limits(&self, limits: &crate::ResolvedLimits) -> Result<(), JailError> {
+        self.cgroup.set_limits(limits)
+    }
 }
+
+/// How long processes may take to reach the freezer (e.g. out of an uninterruptible wait).
+const FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a `corral run` sandbox ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,10 @@
 //! of host files; fresh `/proc` with sensitive paths masked; a minimal `/dev`; no `/sys`.
 
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{symlink, PermissionsExt};
+
+use rustix::fs::OFlags;
 use std::path::{Path, PathBuf};
 
 use rustix::mount::{mount, mount_bind, mount_bind_recursive, mount_change, mount_remount, unmount, MountFlags, MountPropagationFlags, UnmountFlags};
@@ -68,14 +71,15 @@ fn bind_read_only(source: &Path, target: &Path, extra: MountFlags) -> Result<(),
 }
 
 /// Runs in the sandbox init, as root of its user namespace, before anything else exists inside.
-pub fn build(plan: &RootfsPlan<'_>) -> Result<(), JailError> {
+/// Returns a descriptor of the overlay's upper dir (see `launch::ChildContext`).
+pub fn build(plan: &RootfsPlan<'_>) -> Result<Option<OwnedFd>, JailError> {
     let umask = rustix::process::umask(rustix::fs::Mode::empty());
     let result = build_tree(plan);
     rustix::process::umask(umask);
     result
 }
 
-fn build_tree(plan: &RootfsPlan<'_>) -> Result<(), JailError> {
+fn build_tree(plan: &RootfsPlan<'_>) -> Result<Option<OwnedFd>, JailError> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| os("make private", Path::new("/"), e))?;
     let staging = plan.staging;
@@ -88,6 +92,10 @@ fn build_tree(plan: &RootfsPlan<'_>) -> Result<(), JailError> {
     }
     // Writing the skeleton straight into the upper dir is much cheaper than through overlayfs.
     populate(&upper, plan.hostname)?;
+    // After pivot_root the tmpfs is detached from every tree; this descriptor keeps it
+    // reachable for snapshots. CLOEXEC: no sandbox process may inherit it.
+    let upper_fd = rustix::fs::open(&upper, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map_err(|e| os("open", &upper, e))?;
     mount_overlay(plan.lower, &upper, &work, &root)?;
     bind_host_dirs(&root)?;
     mount_proc(&root)?;
@@ -96,7 +104,8 @@ fn build_tree(plan: &RootfsPlan<'_>) -> Result<(), JailError> {
         mount_volume(&root, volume)?;
     }
     pivot(&root)?;
-    rustix::system::sethostname(plan.hostname.as_bytes()).map_err(|e| JailError::os("sethostname", e))
+    rustix::system::sethostname(plan.hostname.as_bytes()).map_err(|e| JailError::os("sethostname", e))?;
+    Ok(Some(upper_fd))
 }
 
 fn mount_overlay(lower: &Path, upper: &Path, work: &Path, root: &Path) -> Result<(), JailError> {

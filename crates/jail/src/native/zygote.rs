@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::cgroup::CgroupLayout;
-use super::launch::{launch, LaunchPlan, Parent};
+use super::launch::{launch_with_context, ChildContext, LaunchPlan, Parent};
 use super::sys::{self, Forked};
 use crate::{AgentBoot, JailConfig, JailError};
 
 /// The agent's entry point, run as PID 1 inside each sandbox with its listening socket.
-pub type AgentEntry = fn(UnixListener, &AgentBoot) -> i32;
+pub type AgentEntry = fn(UnixListener, &AgentBoot, ChildContext) -> i32;
 
 #[derive(Serialize, Deserialize)]
 struct LaunchRequest {
@@ -111,11 +111,11 @@ fn launch_agent(request: &LaunchRequest, cgroups: &CgroupLayout, agent: AgentEnt
     };
     let boot = request.boot.clone();
     let mut listener = Some(listener);
-    let mut payload = || match listener.take() {
-        Some(listener) => agent(listener, &boot),
+    let mut payload = |context: ChildContext| match listener.take() {
+        Some(listener) => agent(listener, &boot, context),
         None => 121,
     };
-    let launched = launch(&plan, &mut payload)?;
+    let launched = launch_with_context(&plan, &mut payload)?;
     // Our copy of the listener closes here; the sandbox init keeps its own.
     drop(listener);
     Ok(launched.pid)

@@ -5,6 +5,7 @@ mod exec;
 mod files;
 mod network;
 mod sandboxes;
+mod state;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -34,12 +35,21 @@ pub type AppState = Arc<Manager>;
 pub fn router(manager: Arc<Manager>, keys: Arc<ApiKeys>) -> Router {
     // Shared by the native `/code` route and the E2B code interpreter.
     let interpreters = crate::interpreter::Interpreters::new(manager.clone());
+    let state: std::sync::Weak<dyn crate::manager::InterpreterState> = Arc::downgrade(&interpreters) as _;
+    manager.set_interpreter_state(state);
     let protected = Router::new()
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route("/v1/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::kill))
         .route("/v1/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
         .route("/v1/sandboxes/{id}/metrics", get(sandboxes::metrics))
+        .route("/v1/sandboxes/{id}/pause", post(state::pause))
+        .route("/v1/sandboxes/{id}/resume", post(state::resume))
+        .route("/v1/sandboxes/{id}/snapshots", post(state::take_snapshot).get(state::sandbox_snapshots))
+        .route("/v1/sandboxes/{id}/restore", post(state::restore))
+        .route("/v1/sandboxes/{id}/fork", post(state::fork))
+        .route("/v1/snapshots", get(state::list_snapshots))
+        .route("/v1/snapshots/{id}", get(state::get_snapshot).delete(state::delete_snapshot))
         .route("/v1/sandboxes/{id}/exec", post(exec::exec))
         .route("/v1/sandboxes/{id}/processes", get(exec::list))
         .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(exec::signal))

@@ -27,9 +27,10 @@ pub async fn list(State(m): State<AppState>, ApiQuery(params): ApiQuery<Vec<(Str
             for s in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                 states.push(match s {
                     "running" => SandboxState::Running,
+                    "paused" => SandboxState::Paused,
                     "killed" => SandboxState::Killed,
                     "exited" => SandboxState::Exited,
-                    other => return Err(ApiError::bad_request(format!("unknown state {other:?}: use running, killed or exited"))),
+                    other => return Err(ApiError::bad_request(format!("unknown state {other:?}: use running, paused, killed or exited"))),
                 });
             }
         } else if let Some(k) = key.strip_prefix("metadata.") {

@@ -66,7 +66,7 @@ fn detail_json(info: &SandboxInfo) -> Value {
         "cpuCount": info.limits.cpus.ceil() as u64,
         "memoryMB": info.limits.memory.0 / MIB,
         "diskSizeMB": info.limits.disk.0 / MIB,
-        "state": "running",
+        "state": if info.state == SandboxState::Paused.as_str() { "paused" } else { "running" },
         "metadata": info.metadata,
     })
 }
@@ -90,10 +90,10 @@ pub async fn create(State(st): State<AppState>, bytes: axum::body::Bytes) -> Res
     Ok((StatusCode::CREATED, Json(sandbox_json(&st, &info))).into_response())
 }
 
-/// A sandbox the E2B API may show: E2B forgets sandboxes once they end.
+/// A sandbox the E2B API may show (running or paused): E2B forgets sandboxes once they end.
 async fn running(st: &super::E2b, id: &str) -> Result<SandboxInfo, RestError> {
     match st.manager.get(id).await {
-        Ok(info) if info.state == SandboxState::Running.as_str() => Ok(info),
+        Ok(info) if info.state == SandboxState::Running.as_str() || info.state == SandboxState::Paused.as_str() => Ok(info),
         Ok(_) | Err(_) => Err(RestError::new(StatusCode::NOT_FOUND, format!("sandbox \"{id}\" not found"))),
     }
 }
@@ -126,11 +126,19 @@ pub async fn set_timeout(State(st): State<AppState>, Path(id): Path<String>, byt
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `connect` (and the older `resume`): the sandbox is running, so this only extends its
-/// timeout (never shortens it) and repeats the access token.
+/// `connect` (and the older `resume`): resumes a paused sandbox, extends its timeout (never
+/// shortens it) and repeats the access token.
 pub async fn connect(State(st): State<AppState>, Path(id): Path<String>, bytes: axum::body::Bytes) -> Result<Response, RestError> {
     let request: TimeoutBody = body(&bytes)?;
-    let info = running(&st, &id).await?;
+    let mut info = running(&st, &id).await?;
+    if info.state == SandboxState::Paused.as_str() {
+        info = match st.manager.resume(&id).await {
+            Ok(info) => info,
+            // Resumed by a concurrent call: fine, it runs.
+            Err(err) if err.status == StatusCode::CONFLICT => running(&st, &id).await?,
+            Err(err) => return Err(err.into()),
+        };
+    }
     let info = match request.timeout.filter(|&t| t > 0) {
         Some(timeout) => {
             let wanted_end = now_ms().saturating_add(timeout as i64 * 1000);
@@ -146,9 +154,11 @@ pub async fn connect(State(st): State<AppState>, Path(id): Path<String>, bytes: 
     Ok((StatusCode::OK, Json(sandbox_json(&st, &info))).into_response())
 }
 
+/// Freezes the sandbox in place (memory kept); 409 when it is already paused, as E2B answers.
 pub async fn pause(State(st): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, RestError> {
     running(&st, &id).await?;
-    Err(RestError::new(StatusCode::NOT_IMPLEMENTED, "corral sandboxes cannot be paused"))
+    st.manager.pause(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize, Default)]
@@ -185,8 +195,8 @@ pub async fn metrics(State(st): State<AppState>, Path(id): Path<String>, Query(_
 /// Filters shared by both list versions.
 struct ListFilter {
     metadata: BTreeMap<String, String>,
-    /// False when only `paused` was asked for: corral has no paused sandboxes.
-    include_running: bool,
+    /// Running and/or paused; both when the client names no state.
+    states: Vec<SandboxState>,
     limit: usize,
     offset: usize,
     descending: bool,
@@ -194,7 +204,7 @@ struct ListFilter {
 
 fn parse_filter(params: &[(String, String)]) -> Result<ListFilter, RestError> {
     let bad = |m: String| RestError::new(StatusCode::BAD_REQUEST, m);
-    let mut filter = ListFilter { metadata: BTreeMap::new(), include_running: true, limit: DEFAULT_PAGE, offset: 0, descending: true };
+    let mut filter = ListFilter { metadata: BTreeMap::new(), states: Vec::new(), limit: DEFAULT_PAGE, offset: 0, descending: true };
     let mut states = Vec::new();
     for (key, value) in params {
         match key.as_str() {
@@ -215,17 +225,21 @@ fn parse_filter(params: &[(String, String)]) -> Result<ListFilter, RestError> {
             _ => {}
         }
     }
-    if !states.is_empty() {
-        filter.include_running = states.iter().any(|s| s == "running");
+    let wants = |name: &str| states.is_empty() || states.iter().any(|s| s == name);
+    if wants("running") {
+        filter.states.push(SandboxState::Running);
+    }
+    if wants("paused") {
+        filter.states.push(SandboxState::Paused);
     }
     Ok(filter)
 }
 
 async fn listed(st: &super::E2b, filter: &ListFilter) -> Result<Vec<SandboxInfo>, RestError> {
-    if !filter.include_running {
+    if filter.states.is_empty() {
         return Ok(Vec::new());
     }
-    let mut all = st.manager.list(vec![SandboxState::Running], &filter.metadata).await?;
+    let mut all = st.manager.list(filter.states.clone(), &filter.metadata).await?;
     all.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
     if filter.descending {
         all.reverse();
@@ -307,7 +321,9 @@ mod tests {
         let filter = parse_filter(&params).expect("filter");
         assert_eq!(filter.metadata.get("user id").map(String::as_str), Some("a&b"));
         assert_eq!(filter.metadata.get("k").map(String::as_str), Some("v"));
-        assert!(!filter.include_running);
+        assert_eq!(filter.states, vec![SandboxState::Paused]);
+        let only_other = parse_filter(&[("state".into(), "snapshotting".into())]).expect("filter");
+        assert!(only_other.states.is_empty());
         assert!(parse_filter(&[("limit".into(), "x".into())]).is_err());
         assert_eq!(percent_decode("%zz%41"), "%zzA");
         for ms in [0, 951_782_400_123, 1_700_000_000_000] {

@@ -362,7 +362,101 @@ def _run(request):
     _flush_figures(value)
 
 
+def _pickler():
+    """dill or cloudpickle when the sandbox has them (they save functions and classes defined
+    in cells, by value), else the standard library's pickle."""
+    for name in ("dill", "cloudpickle"):
+        try:
+            return __import__(name)
+        except Exception:
+            pass
+    import pickle
+
+    return pickle
+
+
+def _save(path):
+    """Pickles each variable of the namespace on its own, so one that cannot be saved (an
+    open file, a socket, a thread) is listed with the reason and the rest still are."""
+    import pickle
+
+    pickler = _pickler()
+    values, modules, saved, failed = {}, {}, [], []
+    for name, value in list(_namespace.items()):
+        if name.startswith("__") or name == "_":
+            continue
+        if isinstance(value, types.ModuleType):
+            modules[name] = value.__name__
+            saved.append(name)
+            continue
+        defined_here = getattr(value, "__module__", None) == "__main__" and isinstance(value, (type, types.FunctionType))
+        if defined_here and pickler is pickle:
+            failed.append({"name": name, "reason": "defined in a cell: plain pickle saves it by reference only (install dill or cloudpickle)"})
+            continue
+        try:
+            values[name] = pickler.dumps(value)
+            saved.append(name)
+        except BaseException as error:
+            failed.append({"name": name, "reason": "%s: %s" % (type(error).__name__, error)})
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump({"pickler": pickler.__name__, "values": values, "modules": modules, "cwd": os.getcwd()}, f)
+    os.replace(path + ".tmp", path)
+    _send({"id": _current[0], "type": "saved", "pickler": pickler.__name__, "saved": saved, "failed": failed})
+
+
+def _load(path):
+    import importlib
+    import pickle
+
+    with open(path, "rb") as f:
+        state = pickle.load(f)
+    loaded, failed = [], []
+    try:
+        pickler = __import__(state.get("pickler") or "pickle")
+    except Exception:
+        pickler = pickle
+    for name, module in (state.get("modules") or {}).items():
+        try:
+            _namespace[name] = importlib.import_module(module)
+            loaded.append(name)
+        except BaseException as error:
+            failed.append({"name": name, "reason": "%s: %s" % (type(error).__name__, error)})
+    for name, data in (state.get("values") or {}).items():
+        try:
+            _namespace[name] = pickler.loads(data)
+            loaded.append(name)
+        except BaseException as error:
+            failed.append({"name": name, "reason": "%s: %s" % (type(error).__name__, error)})
+    try:
+        os.chdir(state.get("cwd") or os.getcwd())
+    except OSError:
+        pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    _send({"id": _current[0], "type": "loaded", "loaded": loaded, "failed": failed})
+
+
+def _control(request):
+    """`{"id", "op": "save"|"load", "path"}`: the daemon saving or restoring the namespace."""
+    _current[0] = request.get("id")
+    try:
+        if request.get("op") == "save":
+            _save(request["path"])
+        else:
+            _load(request["path"])
+    except BaseException as error:
+        _send_error(error)
+    finally:
+        _send({"id": request.get("id"), "type": "end"})
+        _current[0] = None
+
+
 def _handle(request):
+    if request.get("op") in ("save", "load"):
+        return _control(request)
     _current[0] = request.get("id")
     env = request.get("env") or {}
     saved = {key: os.environ.get(key) for key in env}

@@ -10,6 +10,7 @@
 //! The native API (`POST /v1/sandboxes/{id}/code`) and the E2B adapter share this.
 
 mod http;
+mod state;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -91,6 +92,8 @@ struct Context {
     kernel: Arc<tokio::sync::Mutex<Option<Kernel>>>,
     /// The running kernel's pid (0: none), readable without waiting for a cell to end.
     pid: AtomicU32,
+    /// A pickled namespace (from a snapshot) the next kernel loads before its first cell.
+    restore: Mutex<Option<String>>,
 }
 
 struct Kernel {
@@ -257,6 +260,7 @@ impl Context {
             env,
             kernel: Arc::new(tokio::sync::Mutex::new(None)),
             pid: AtomicU32::new(0),
+            restore: Mutex::new(None),
         }
     }
 
@@ -347,7 +351,13 @@ async fn run_cell(mux: Mux, context: Arc<Context>, cell: Cell, cell_id: String, 
     let mut guard = context.kernel.clone().lock_owned().await;
     if guard.is_none() {
         match context.start_kernel(&mux).await {
-            Ok(kernel) => *guard = Some(kernel),
+            Ok(mut kernel) => {
+                let pending = lock(&context.restore).take();
+                if let Some(path) = pending {
+                    state::load(&mux, &mut kernel, &path, &tx).await;
+                }
+                *guard = Some(kernel)
+            }
             Err(err) => {
                 let _ = tx.send(error_event("KernelStartError", &format!("could not start the {} kernel: {}", context.info.language, err.message))).await;
                 let _ = tx.send(json!({ "type": "end_of_execution" })).await;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use corral_egress::{AuditEntry, BoundSecret, Egress, SandboxEgress};
-use corral_proto::{Request, Stream};
+use corral_proto::{ErrorKind, Event, Request, Stream};
 use corral_spec::NetworkPolicy;
 use serde::{Deserialize, Serialize};
 
@@ -80,11 +80,23 @@ pub fn accept_from_agent(egress: Option<Arc<SandboxEgress>>, mut incoming: corra
 }
 
 impl Manager {
-    /// Installs corral's CA in a fresh sandbox so brokered TLS is trusted.
+    /// Installs corral's CA in a fresh sandbox so brokered TLS is trusted. An agent that
+    /// cannot (another backend's) leaves brokered TLS untrusted, not the sandbox broken.
     pub(super) async fn trust_ca(&self, live: &Live) -> Result<(), ApiError> {
         let mux = live.agent().await?;
         let pem = self.egress.egress.ca_pem().to_string();
-        crate::agent_client::request(&mux, &Request::TrustCa { pem }).await.map(|_| ())
+        let (mut tx, mut rx) = mux.open(&Request::TrustCa { pem }).map_err(ApiError::from_mux)?.split();
+        tx.end().map_err(ApiError::from_mux)?;
+        match rx.recv_event().await {
+            Ok(Some(Event::Ok)) => Ok(()),
+            Ok(Some(Event::Error { kind: ErrorKind::Unsupported, message })) => {
+                tracing::warn!(id = %live.id, %message, "agent cannot install the egress CA");
+                Ok(())
+            }
+            Ok(Some(Event::Error { kind, message })) => Err(ApiError::from_agent(kind, message)),
+            Ok(other) => Err(ApiError::internal(format!("unexpected answer to TrustCa: {other:?}"))),
+            Err(e) => Err(ApiError::from_mux(e)),
+        }
     }
 
     fn sandbox_egress(live: &Live) -> Result<Arc<SandboxEgress>, ApiError> {
