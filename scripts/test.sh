@@ -14,7 +14,24 @@ if ! [ -x /usr/bin/python3 ]; then
 fi
 
 cargo build --workspace --all-targets --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e  # run both suites even if the first fails; the statuses decide the exit code
 # The real E2B SDKs (Python sync/async and JS) against a local daemon; creates its own venv.
-./scripts/e2b-tests.sh
-# Unit, integration and escape tests last, so their summary closes the output.
-cargo test --workspace --locked -- --test-threads=2
+./scripts/e2b-tests.sh 2>&1 | tee "$log"
+e2b_status=${PIPESTATUS[0]}
+# Unit, integration and escape tests.
+cargo test --workspace --locked -- --test-threads=2 2>&1 | tee -a "$log"
+cargo_status=${PIPESTATUS[0]}
+set -e
+
+# One closing line for the whole suite: cargo's per-binary results plus pytest's summary.
+passed=$(grep -E '^test result:' "$log" | awk '{n += $4} END {print n + 0}')
+failed=$(grep -E '^test result:' "$log" | awk '{n += $6} END {print n + 0}')
+py_passed=$(grep -Eo '^[0-9]+ passed' "$log" | awk '{n += $1} END {print n + 0}')
+py_failed=$(grep -Eo '[0-9]+ failed' "$log" | grep -v '^0' | awk '{n += $1} END {print n + 0}')
+if [ "$e2b_status" != 0 ] || [ "$cargo_status" != 0 ]; then
+  failed=$((failed + py_failed + 1))
+fi
+echo "total: $((passed + py_passed)) passed, $((failed)) failed"
+[ "$e2b_status" = 0 ] && [ "$cargo_status" = 0 ]
