@@ -14,7 +14,7 @@ use corral_server::{ListenAddr, ServerConfig};
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  corral serve\n  CORRAL_API_KEY=secret corral serve --listen 0.0.0.0:7070\n  \
-    corral serve --socket /run/corral.sock")]
+    corral serve --socket /run/corral.sock\n  corral serve --pool base=2:8:5m")]
 pub struct ServeArgs {
     /// TCP address for the HTTP API.
     #[arg(long, env = "CORRAL_LISTEN", default_value = "127.0.0.1:7070")]
@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// Also trust this PEM CA bundle for TLS from the egress proxy to upstreams (repeatable).
     #[arg(long = "egress-trust", value_name = "PEMFILE")]
     pub egress_trust: Vec<PathBuf>,
+    /// Keep a warm pool of ready sandboxes for a template (repeatable; CORRAL_POOLS takes a
+    /// comma-separated list): MIN always ready, up to MAX while requests come in, back to MIN
+    /// after IDLE (default 5m) without one. Overrides a pool of that template set by the API.
+    #[arg(long = "pool", env = "CORRAL_POOLS", value_delimiter = ',', value_name = "TEMPLATE=MIN:MAX[:IDLE]")]
+    pub pools: Vec<corral_server::pools::PoolConfig>,
 }
 
 /// PID 1 of every daemon sandbox.
@@ -57,7 +62,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         corral_egress::parse_override(entry)?;
     }
     let egress = corral_server::EgressSettings { resolve: args.egress_resolve, extra_roots: args.egress_trust };
-    let config = ServerConfig { listen: listen.clone(), data_dir: args.data_dir, api_key: args.api_key, egress };
+    let config = ServerConfig { listen: listen.clone(), data_dir: args.data_dir, api_key: args.api_key, egress, pools: args.pools };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let server = corral_server::bind(config, Arc::new(backend)).await?;

@@ -291,26 +291,45 @@ impl TestDaemon {
         let data_dir = std::env::temp_dir().join(format!("corral-egress-daemon-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&data_dir).expect("data dir");
         let key = format!("crl_egress_{}", std::process::id());
-        let child = Command::new(env!("CARGO_BIN_EXE_corral"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-            .arg(&data_dir)
+        let url = format!("http://127.0.0.1:{port}");
+        let child = Self::spawn(&url, &data_dir, &key);
+        let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(60)).build().expect("client");
+        let daemon = TestDaemon { child, url, key, data_dir, client };
+        daemon.wait_ready();
+        daemon
+    }
+
+    fn spawn(url: &str, data_dir: &std::path::Path, key: &str) -> Child {
+        let up = upstreams();
+        Command::new(env!("CARGO_BIN_EXE_corral"))
+            .args(["serve", "--listen", url.trim_start_matches("http://"), "--data-dir"])
+            .arg(data_dir)
             .args(resolve_flags(up))
             .arg("--egress-trust")
             .arg(up.ca_dir.join("ca.pem"))
-            .env("CORRAL_API_KEY", &key)
+            .env("CORRAL_API_KEY", key)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("start daemon");
-        let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(60)).build().expect("client");
-        let daemon = TestDaemon { child, url: format!("http://127.0.0.1:{port}"), key, data_dir, client };
+            .expect("start daemon")
+    }
+
+    fn wait_ready(&self) {
         for _ in 0..400 {
-            if daemon.client.get(format!("{}/v1/health", daemon.url)).send().is_ok() {
-                return daemon;
+            if self.client.get(format!("{}/v1/health", self.url)).send().is_ok() {
+                return;
             }
             std::thread::sleep(std::time::Duration::from_millis(25));
         }
         panic!("daemon did not come up");
+    }
+
+    /// SIGKILL, then a new daemon on the same port and data dir.
+    fn crash_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(&self.url, &self.data_dir, &self.key);
+        self.wait_ready();
     }
 
     fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, String) {
@@ -335,7 +354,7 @@ impl TestDaemon {
 
 #[test]
 fn daemon_brokers_secrets_and_applies_policy_changes_at_runtime() {
-    let d = TestDaemon::start();
+    let mut d = TestDaemon::start();
     let (status, text) = d.call(reqwest::Method::POST, "/v1/secrets", Some(json!({ "name": "API_KEY", "value": REAL, "hosts": ["api.corral.test"] })));
     assert_eq!(status, 201, "{text}");
     let (status, _) = d.call(reqwest::Method::POST, "/v1/secrets", Some(json!({ "name": "BAD", "value": "a\r\nX-Injected: 1", "hosts": ["api.corral.test"] })));
@@ -379,4 +398,11 @@ fn daemon_brokers_secrets_and_applies_policy_changes_at_runtime() {
         .expect("corral logs");
     let logs = String::from_utf8_lossy(&logs.stdout);
     assert!(logs.contains("deny") && logs.contains("pypi.corral.test:80"), "{logs}");
+
+    // After a daemon crash the re-attached sandbox keeps its policy and its brokered secret.
+    d.crash_and_restart();
+    assert_eq!(d.exec(&id, fetch), "200");
+    let (status, _) = d.call(reqwest::Method::PATCH, &format!("/v1/sandboxes/{id}/network"), Some(json!({ "allow": ["api.corral.test:443"] })));
+    assert_eq!(status, 200);
+    assert_eq!(d.exec(&id, r#"curl -fsS -H "Authorization: Bearer $API_KEY" https://api.corral.test/auth"#), "auth=ok\n");
 }

@@ -29,6 +29,9 @@ pub enum State {
     Paused,
     Killed,
     Exited,
+    /// Started ahead of time for a warm pool, owned by nobody yet; hidden from lists unless
+    /// asked for, destroyed at shutdown, never reported as ended.
+    Pooled,
 }
 
 impl State {
@@ -39,6 +42,7 @@ impl State {
             State::Paused => "paused",
             State::Killed => "killed",
             State::Exited => "exited",
+            State::Pooled => "pooled",
         }
     }
 
@@ -49,6 +53,7 @@ impl State {
             "paused" => State::Paused,
             "killed" => State::Killed,
             "exited" => State::Exited,
+            "pooled" => State::Pooled,
             other => return Err(DbError::Corrupt(format!("unknown state {other:?}"))),
         })
     }
@@ -291,7 +296,7 @@ impl Db {
         .await
     }
 
-    /// Sandboxes in any of `states` (all visible ones when empty), newest first.
+    /// Sandboxes in any of `states` (all but pooled ones when empty), newest first.
     pub async fn list_sandboxes(&self, states: Vec<State>) -> Result<Vec<SandboxRow>, DbError> {
         self.call(move |c| {
             let mut stmt = c.prepare(&format!(
@@ -301,7 +306,8 @@ impl Db {
             let mut out = Vec::new();
             for row in rows {
                 let row = row??;
-                if states.is_empty() || states.contains(&row.state) {
+                let wanted = if states.is_empty() { row.state != State::Pooled } else { states.contains(&row.state) };
+                if wanted {
                     out.push(row);
                 }
             }
@@ -327,6 +333,20 @@ impl Db {
                 "SELECT {COLUMNS} FROM sandboxes WHERE state IN ('creating', 'running', 'paused')"
             ))?;
             let rows = stmt.query_map([], |r| Ok(read_row(r)))?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(row??);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Every row in `state`.
+    pub async fn in_state(&self, state: State) -> Result<Vec<SandboxRow>, DbError> {
+        self.call(move |c| {
+            let mut stmt = c.prepare(&format!("SELECT {COLUMNS} FROM sandboxes WHERE state = ?1"))?;
+            let rows = stmt.query_map(params![state.as_str()], |r| Ok(read_row(r)))?;
             let mut out = Vec::new();
             for row in rows {
                 out.push(row??);

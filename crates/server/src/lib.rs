@@ -14,6 +14,7 @@ mod error;
 mod interpreter;
 mod manager;
 mod openapi;
+pub mod pools;
 mod secrets;
 mod snapshots;
 mod time;
@@ -48,6 +49,9 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Egress proxy settings shared by every sandbox.
     pub egress: EgressSettings,
+    /// Warm pools from the daemon's configuration (`--pool`, `CORRAL_POOLS`); they override
+    /// stored pools of the same template and are stored themselves.
+    pub pools: Vec<pools::PoolConfig>,
 }
 
 /// Host-wide egress settings (`corral serve --egress-resolve`, `--egress-trust`).
@@ -113,8 +117,9 @@ pub async fn bind(config: ServerConfig, backend: Arc<dyn Backend>) -> Result<Run
     }
 
     let egress = start_egress(&config)?;
-    let manager = manager::Manager::new(backend, db, config.data_dir.join("sandboxes"), egress).await?;
+    let manager = manager::Manager::new(backend, db, config.data_dir.join("sandboxes"), egress, config.pools.clone()).await?;
     manager.clone().spawn_reaper();
+    manager.clone().spawn_pools();
 
     let listener = match &config.listen {
         ListenAddr::Tcp(addr) => Listener::Tcp(

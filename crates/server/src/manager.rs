@@ -21,6 +21,7 @@ use crate::ServerError;
 
 mod network;
 mod pause;
+mod pool;
 mod snapshot;
 pub use network::EgressHub;
 pub use snapshot::InterpreterState;
@@ -41,7 +42,7 @@ const ID_LEN: usize = 20;
 pub struct SandboxInfo {
     pub id: String,
     pub template: String,
-    /// `running`, `paused`, `killed` or `exited`.
+    /// `running`, `paused`, `killed`, `exited`, or `pooled` (a warm-pool sandbox nobody owns yet).
     pub state: String,
     pub limits: ResolvedLimits,
     #[serde(default)]
@@ -141,6 +142,8 @@ pub struct Manager {
     snapshots: crate::snapshots::Snapshots,
     /// The code interpreter, for the variables in snapshots (set once the router exists).
     interpreter: std::sync::OnceLock<std::sync::Weak<dyn InterpreterState>>,
+    /// Warm pools: sandboxes started ahead of time, handed out by create.
+    pools: pool::Pools,
 }
 
 /// Locks a std mutex whose data stays consistent even if a holder panicked.
@@ -149,7 +152,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Manager {
-    pub async fn new(backend: Arc<dyn Backend>, db: Db, sandboxes_dir: PathBuf, egress: Arc<corral_egress::Egress>) -> Result<Arc<Manager>, ServerError> {
+    pub async fn new(
+        backend: Arc<dyn Backend>,
+        db: Db,
+        sandboxes_dir: PathBuf,
+        egress: Arc<corral_egress::Egress>,
+        pools: Vec<crate::pools::PoolConfig>,
+    ) -> Result<Arc<Manager>, ServerError> {
         std::fs::create_dir_all(&sandboxes_dir)
             .map_err(|e| ServerError::io(format!("creating {}", sandboxes_dir.display()), e))?;
         // Agent sockets live here; only the daemon may reach them.
@@ -158,6 +167,7 @@ impl Manager {
         let secrets = crate::secrets::SecretStore::open(db.clone()).await?;
         let data_dir = sandboxes_dir.parent().map(std::path::Path::to_path_buf).unwrap_or_else(|| sandboxes_dir.clone());
         let snapshots = crate::snapshots::Snapshots::open(db.clone(), &data_dir).await?;
+        let pools = pool::Pools::open(crate::pools::PoolStore::open(db.clone()).await?, pools).await?;
         let manager = Arc::new(Manager {
             egress: EgressHub { egress, secrets },
             backend,
@@ -168,7 +178,11 @@ impl Manager {
             last_purge: Mutex::new(0),
             snapshots,
             interpreter: std::sync::OnceLock::new(),
+            pools,
         });
+        if let Err(err) = manager.clean_pooled_leftovers().await {
+            tracing::warn!(%err, "cleaning up the pooled sandboxes of the previous run failed");
+        }
         manager.recover_previous_run().await?;
         Ok(manager)
     }
@@ -202,7 +216,7 @@ impl Manager {
                         slot,
                         run_dir,
                         released: tokio::sync::Mutex::new(false),
-                        egress: Some(self.egress.for_recovered_sandbox(&row)),
+                        egress: Some(self.egress.for_recovered_sandbox(&row).await),
                         paused: std::sync::atomic::AtomicBool::new(row.state == State::Paused),
                     });
                     // The previous run may have died between freezing and recording it (or
@@ -237,6 +251,11 @@ impl Manager {
     }
 
     pub async fn create(self: &Arc<Self>, spec: SandboxSpec) -> Result<SandboxInfo, ApiError> {
+        self.create_traced(spec).await.map(|(info, _)| info)
+    }
+
+    /// [`Manager::create`], also saying whether a warm pool served it.
+    pub async fn create_traced(self: &Arc<Self>, spec: SandboxSpec) -> Result<(SandboxInfo, bool), ApiError> {
         spec.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
         // A snapshot's settings, under what the request sets itself.
         let spec = self.resolve_snapshot_spec(spec).await?;
@@ -244,7 +263,12 @@ impl Manager {
         let this = self.clone();
         // Run to completion even if the client hangs up: a started sandbox must end up
         // either recorded as running or destroyed.
-        tokio::spawn(async move { this.create_inner(spec, limits).await })
+        tokio::spawn(async move {
+            if let Some(info) = this.take_pooled(&spec, limits).await {
+                return Ok((info, true));
+            }
+            this.create_inner(spec, limits).await.map(|info| (info, false))
+        })
             .await
             .map_err(|e| ApiError::internal(format!("create task failed: {e}")))?
     }
@@ -443,6 +467,9 @@ impl Manager {
         *released = true;
         live.mux.lock().await.take();
         let recorded = self.db.mark_ended(&live.id, state, reason, now_ms()).await;
+        if let Err(err) = self.egress.secrets.forget_placeholders(&live.id).await {
+            tracing::warn!(id = %live.id, %err, "could not forget the sandbox's placeholders");
+        }
         lock(&self.live).remove(&live.id);
         remove_dir(live.run_dir.clone()).await;
         self.free_slot(live.slot);
@@ -520,6 +547,7 @@ impl Manager {
 
     /// Destroys every running sandbox; used on daemon shutdown.
     pub async fn shutdown(&self) {
+        self.shutdown_pools().await;
         let lives: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
         let releases = lives.into_iter().map(|live| self.release(live, State::Killed, "shutdown"));
         for result in futures::future::join_all(releases).await {

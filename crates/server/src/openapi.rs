@@ -111,6 +111,18 @@ fn state_paths() -> Value {
                 "metadata": { "type": "object", "additionalProperties": { "type": "string" } } } } } } },
             "responses": with_errors(json!({ "201": json_response("The snapshot id and the new sandboxes", json!({ "type": "object", "properties": {
                 "snapshot": { "type": "string" }, "sandboxes": { "type": "array", "items": schema_ref("SandboxInfo") } } })) }), &["401", "404", "409", "422"]) } },
+        "/v1/pools": { "get": {
+            "summary": "Warm pools: configuration, sizes, hits, misses, refill latency",
+            "responses": with_errors(json!({ "200": json_response("Every pool", json!({ "type": "object", "properties": { "pools": { "type": "array", "items": schema_ref("Pool") } } })) }), &["401"]) } },
+        "/v1/pools/{template}": { "parameters": [param("template", "path", true, json!({ "type": "string" }), "Template name")],
+            "put": {
+                "summary": "Create or change the template's pool (stored; survives restarts)",
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["min"], "properties": {
+                    "min": { "type": "integer", "minimum": 0, "description": "Always kept ready" },
+                    "max": { "type": "integer", "minimum": 0, "maximum": 256, "description": "Kept ready while creates come in (default: min)" },
+                    "idle_secs": { "type": "integer", "minimum": 1, "default": 300, "description": "Back to min after this long without a create" } } } } } },
+                "responses": with_errors(json!({ "200": json_response("The pool", schema_ref("Pool")) }), &["400", "401", "422"]) },
+            "delete": { "summary": "Remove the pool and destroy its ready sandboxes", "responses": with_errors(json!({ "204": no_content("Removed") }), &["401", "404"]) } },
         "/v1/snapshots": { "get": {
             "summary": "List snapshots",
             "parameters": [param("sandbox", "query", false, json!({ "type": "string" }), "Only this sandbox's")],
@@ -123,6 +135,17 @@ fn state_paths() -> Value {
 
 fn state_schemas() -> Value {
     json!({
+        "Pool": { "type": "object", "properties": {
+            "template": { "type": "string" }, "min": { "type": "integer" }, "max": { "type": "integer" }, "idle_secs": { "type": "integer" },
+            "ready": { "type": "integer", "description": "Sandboxes ready to hand out" },
+            "starting": { "type": "integer", "description": "Sandboxes being started for the pool" },
+            "target": { "type": "integer", "description": "max while creates come in, min once idle" },
+            "hits": { "type": "integer", "description": "Creates served from the pool" },
+            "misses": { "type": "integer", "description": "Creates that found the pool empty and started cold" },
+            "skipped": { "type": "integer", "description": "Creates the pool cannot serve: volumes, from_snapshot, secrets, or a disk size other than the default" },
+            "refills": { "type": "integer" }, "refill_failures": { "type": "integer" },
+            "refill_p50_ms": { "type": "number", "description": "Median time to start one pooled sandbox, over the last 64" },
+            "last_error": { "type": "string" } } },
         "Snapshot": { "type": "object", "properties": {
             "id": { "type": "string" }, "sandbox_id": { "type": "string" }, "name": { "type": "string" },
             "created_at": { "type": "string", "format": "date-time" }, "template": { "type": "string" },
@@ -159,13 +182,13 @@ fn base_document() -> Value {
             }},
             "/v1/sandboxes": {
                 "post": {
-                    "summary": "Create a sandbox", "requestBody": json_body("SandboxSpec"),
+                    "summary": "Create a sandbox (from the template's warm pool when it has one that matches; the `Server-Timing` header says `pool` or `cold` and the time spent in the daemon)", "requestBody": json_body("SandboxSpec"),
                     "responses": with_errors(json!({ "201": json_response("Created and running", schema_ref("SandboxInfo")) }), &["400", "401", "422", "500", "503"])
                 },
                 "get": {
                     "summary": "List sandboxes",
                     "parameters": [
-                        param("state", "query", false, json!({ "type": "string" }), "Comma-separated states: running, paused, killed, exited"),
+                        param("state", "query", false, json!({ "type": "string" }), "Comma-separated states: running, paused, killed, exited; pooled (warm-pool sandboxes nobody owns yet) only when asked for"),
                         param("metadata.KEY", "query", false, json!({ "type": "string" }), "Only sandboxes whose metadata KEY equals this value; repeatable with other keys")
                     ],
                     "responses": with_errors(json!({ "200": json_response("Matching sandboxes, newest first", json!({ "type": "object", "properties": { "sandboxes": { "type": "array", "items": schema_ref("SandboxInfo") } } })) }), &["400", "401"])
@@ -304,7 +327,7 @@ fn base_document() -> Value {
                 "SandboxInfo": { "type": "object", "required": ["id", "template", "state", "limits", "metadata", "created_at", "expires_at", "timeout"], "properties": {
                     "id": { "type": "string" },
                     "template": { "type": "string" },
-                    "state": { "type": "string", "enum": ["running", "paused", "killed", "exited"] },
+                    "state": { "type": "string", "enum": ["running", "paused", "killed", "exited", "pooled"] },
                     "paused_at": { "type": "string", "format": "date-time" },
                     "remaining_timeout": { "type": "integer", "description": "Seconds of timeout left, while paused" },
                     "on_timeout": { "type": "string", "enum": ["kill", "pause"] },

@@ -18,6 +18,12 @@ CREATE TABLE IF NOT EXISTS secrets (
     hosts      TEXT NOT NULL,
     created_at INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sandbox_placeholders (
+    sandbox     TEXT NOT NULL,
+    secret      TEXT NOT NULL,
+    placeholder TEXT NOT NULL,
+    PRIMARY KEY (sandbox, secret)
+);
 ";
 const MAX_VALUE: usize = 16 * 1024;
 const MAX_HOSTS: usize = 64;
@@ -118,6 +124,47 @@ impl SecretStore {
     pub async fn delete(&self, name: &str) -> Result<bool, ApiError> {
         let name = name.to_string();
         Ok(self.db.call(move |c| Ok(c.execute("DELETE FROM secrets WHERE name = ?1", params![name])? > 0)).await?)
+    }
+
+    /// Remembers the placeholders a sandbox was given, so a restarted daemon can keep brokering
+    /// its secrets. Placeholders are random tokens, not secrets: knowing one grants nothing
+    /// outside the hosts the secret is bound to.
+    pub async fn save_placeholders(&self, sandbox: &str, placeholders: Vec<(String, String)>) -> Result<(), ApiError> {
+        let sandbox = sandbox.to_string();
+        Ok(self
+            .db
+            .call(move |c| {
+                for (secret, placeholder) in placeholders {
+                    c.execute(
+                        "INSERT OR REPLACE INTO sandbox_placeholders (sandbox, secret, placeholder) VALUES (?1, ?2, ?3)",
+                        params![sandbox, secret, placeholder],
+                    )?;
+                }
+                Ok(())
+            })
+            .await?)
+    }
+
+    /// Secret name → placeholder, as given to `sandbox`.
+    pub async fn placeholders(&self, sandbox: &str) -> Result<Vec<(String, String)>, ApiError> {
+        let sandbox = sandbox.to_string();
+        Ok(self
+            .db
+            .call(move |c| {
+                let mut stmt = c.prepare("SELECT secret, placeholder FROM sandbox_placeholders WHERE sandbox = ?1")?;
+                let rows = stmt.query_map(params![sandbox], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+                let mut out = Vec::new();
+                for row in rows {
+                    out.push(row?);
+                }
+                Ok(out)
+            })
+            .await?)
+    }
+
+    pub async fn forget_placeholders(&self, sandbox: &str) -> Result<(), ApiError> {
+        let sandbox = sandbox.to_string();
+        Ok(self.db.call(move |c| Ok(c.execute("DELETE FROM sandbox_placeholders WHERE sandbox = ?1", params![sandbox]).map(|_| ())?)).await?)
     }
 
     /// The named secrets with their values; an unknown name is the client's error.

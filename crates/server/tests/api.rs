@@ -34,6 +34,7 @@ impl TestServer {
             data_dir: data_dir.to_path_buf(),
             api_key: api_key.map(String::from),
             egress: Default::default(),
+            pools: Vec::new(),
         };
         let server = bind(config, Arc::new(backend)).await.expect("bind");
         let addr = server.local_addr().expect("tcp address");

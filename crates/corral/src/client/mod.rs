@@ -5,6 +5,7 @@ mod cp;
 mod exec;
 mod http;
 mod network;
+mod pool;
 mod state;
 mod types;
 
@@ -54,6 +55,9 @@ pub enum ClientCommand {
     /// Manage brokered secrets
     #[command(subcommand)]
     Secret(network::SecretCommand),
+    /// Manage warm pools of ready sandboxes
+    #[command(subcommand)]
+    Pool(pool::PoolCommand),
 }
 
 /// Runs a verb and returns the process exit code. Errors are printed here as
@@ -75,6 +79,7 @@ pub fn run(cmd: ClientCommand) -> anyhow::Result<i32> {
         ClientCommand::Fork(args) => state::fork(args),
         ClientCommand::Logs(args) => network::logs(args),
         ClientCommand::Secret(cmd) => network::secret(cmd),
+        ClientCommand::Pool(cmd) => pool::run(cmd),
     };
     match result {
         Ok(code) => Ok(code),

@@ -4,6 +4,7 @@
 mod exec;
 mod files;
 mod network;
+mod pools;
 mod sandboxes;
 mod state;
 
@@ -63,6 +64,8 @@ pub fn router(manager: Arc<Manager>, keys: Arc<ApiKeys>) -> Router {
         .route("/v1/sandboxes/{id}/files/move", post(files::rename))
         .route("/v1/sandboxes/{id}/files/watch", get(files::watch))
         .route("/v1/sandboxes/{id}/network", get(network::get).patch(network::patch))
+        .route("/v1/pools", get(pools::list))
+        .route("/v1/pools/{template}", axum::routing::put(pools::put).delete(pools::delete))
         .route("/v1/secrets", post(network::create_secret).get(network::list_secrets))
         .route("/v1/secrets/{name}", axum::routing::delete(network::delete_secret))
         .route_layer(middleware::from_fn_with_state(keys.clone(), auth::require_key));

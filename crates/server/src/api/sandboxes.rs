@@ -13,9 +13,16 @@ use super::{ApiJson, ApiPath, ApiQuery, AppState};
 use crate::db::State as SandboxState;
 use crate::error::ApiError;
 
+/// Answers with `Server-Timing: create;dur=<ms>;desc="pool"|"cold"`: the time spent in the
+/// manager, without HTTP parsing and serialization (what the warm-pool benchmark reads).
 pub async fn create(State(m): State<AppState>, ApiJson(spec): ApiJson<SandboxSpec>) -> Result<impl IntoResponse, ApiError> {
-    let info = m.create(spec).await?;
-    Ok((StatusCode::CREATED, Json(info)))
+    let started = std::time::Instant::now();
+    let (info, pooled) = m.create_traced(spec).await?;
+    let elapsed = started.elapsed();
+    let source = if pooled { "pool" } else { "cold" };
+    tracing::debug!(id = %info.id, source, elapsed_us = elapsed.as_micros() as u64, "sandbox created");
+    let timing = format!("create;dur={:.3};desc=\"{source}\"", elapsed.as_secs_f64() * 1000.0);
+    Ok((StatusCode::CREATED, [("server-timing", timing)], Json(info)))
 }
 
 /// `?state=running,killed&metadata.owner=alice`; all filters must match.
@@ -30,7 +37,8 @@ pub async fn list(State(m): State<AppState>, ApiQuery(params): ApiQuery<Vec<(Str
                     "paused" => SandboxState::Paused,
                     "killed" => SandboxState::Killed,
                     "exited" => SandboxState::Exited,
-                    other => return Err(ApiError::bad_request(format!("unknown state {other:?}: use running, paused, killed or exited"))),
+                    "pooled" => SandboxState::Pooled,
+                    other => return Err(ApiError::bad_request(format!("unknown state {other:?}: use running, paused, killed, exited or pooled"))),
                 });
             }
         } else if let Some(k) = key.strip_prefix("metadata.") {

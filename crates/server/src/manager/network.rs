@@ -39,17 +39,38 @@ impl EgressHub {
     /// Proxy state for a new sandbox, with a fresh placeholder for each of its secrets.
     pub async fn for_new_sandbox(&self, row: &SandboxRow) -> Result<Arc<SandboxEgress>, ApiError> {
         let loaded = self.secrets.load(&row.spec.network.secrets).await?;
-        let bound = loaded.into_iter().map(|s| BoundSecret::new(s.name, s.value, s.hosts)).collect();
+        let bound: Vec<BoundSecret> = loaded.into_iter().map(|s| BoundSecret::new(s.name, s.value, s.hosts)).collect();
+        let placeholders = bound.iter().map(|b| (b.name.clone(), b.placeholder.clone())).collect();
+        self.secrets.save_placeholders(&row.id, placeholders).await?;
         Ok(self.egress.sandbox(&row.id, row.spec.network.policy(), bound))
     }
 
-    /// Proxy state for a sandbox re-attached after a daemon restart. Its placeholders died
-    /// with the previous process, so brokered secrets no longer work there; policy does.
-    pub fn for_recovered_sandbox(&self, row: &SandboxRow) -> Arc<SandboxEgress> {
-        if !row.spec.network.secrets.is_empty() {
-            tracing::warn!(id = %row.id, "secrets of a re-attached sandbox cannot be brokered any more");
+    /// Proxy state for a sandbox re-attached after a daemon restart: the placeholders it
+    /// already holds are looked up again, so its brokered secrets keep working.
+    pub async fn for_recovered_sandbox(&self, row: &SandboxRow) -> Arc<SandboxEgress> {
+        let bound = match self.recovered_secrets(row).await {
+            Ok(bound) => bound,
+            Err(err) => {
+                tracing::warn!(id = %row.id, %err, "secrets of a re-attached sandbox cannot be brokered any more");
+                Vec::new()
+            }
+        };
+        self.egress.sandbox(&row.id, row.spec.network.policy(), bound)
+    }
+
+    async fn recovered_secrets(&self, row: &SandboxRow) -> Result<Vec<BoundSecret>, ApiError> {
+        if row.spec.network.secrets.is_empty() {
+            return Ok(Vec::new());
         }
-        self.egress.sandbox(&row.id, row.spec.network.policy(), Vec::new())
+        let placeholders: BTreeMap<String, String> = self.secrets.placeholders(&row.id).await?.into_iter().collect();
+        let loaded = self.secrets.load(&row.spec.network.secrets).await?;
+        loaded
+            .into_iter()
+            .map(|s| match placeholders.get(&s.name) {
+                Some(placeholder) => Ok(BoundSecret::with_placeholder(s.name, placeholder.clone(), s.value, s.hosts)),
+                None => Err(ApiError::internal(format!("no placeholder recorded for secret {:?}", s.name))),
+            })
+            .collect()
     }
 }
 
