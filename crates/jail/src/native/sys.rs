@@ -43,9 +43,6 @@ pub fn fork() -> io::Result<Forked> {
 
 /// `unshare(2)` for namespace flags only.
 pub fn unshare_namespaces(flags: rustix::thread::UnshareFlags) -> io::Result<()> {
-    // SAFETY: rustix marks unshare unsafe because CLONE_FILES/CLONE_FS/CLONE_SYSVSEM can break
-    // invariants of other threads sharing those tables. We only pass namespace flags
-    // (checked below), which affect this thread's view of the system, not shared memory.
     let namespace_only = rustix::thread::UnshareFlags::NEWNS
         | rustix::thread::UnshareFlags::NEWCGROUP
         | rustix::thread::UnshareFlags::NEWUTS
@@ -54,6 +51,9 @@ pub fn unshare_namespaces(flags: rustix::thread::UnshareFlags) -> io::Result<()>
     if !namespace_only.contains(flags) {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
+    // SAFETY: rustix marks unshare unsafe because CLONE_FILES/CLONE_FS/CLONE_SYSVSEM can break
+    // invariants of other threads sharing those tables. Only namespace flags get here (checked
+    // above); they change this thread's view of the system, not memory other threads use.
     unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(io::Error::from)
 }
 
