@@ -170,10 +170,10 @@ def main():
         lines.append(f"# corral state benchmark\n\n`{' '.join(sys.argv)}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
                      f"load {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs\n")
         lines.append("| operation | p50 (ms) | p99 (ms) | mean (ms) | n | target |\n|---|---:|---:|---:|---:|---|")
-        lines.append(f"| snapshot, {s['file_bytes'] / 1e6:.0f} MB of changed files ({s['layer_bytes'] / 1e6:.0f} MB stored) | {stats(snap['snap_ms'])} | {len(snap['snap_ms'])} | ≤ 1000 |")
+        lines.append(f"| snapshot, {s['file_bytes'] / 2**20:.0f} MiB of changed files ({s['layer_bytes'] / 2**20:.0f} MiB stored, zstd) | {stats(snap['snap_ms'])} | {len(snap['snap_ms'])} | ≤ 1000 |")
         lines.append(f"| … of which the sandbox was frozen | {stats(snap['frozen_ms'])} | {len(snap['frozen_ms'])} | |")
         lines.append(f"| create from that snapshot (until ready) | {stats(snap['restore_ms'])} | {len(snap['restore_ms'])} | ≤ 300 |")
-        lines.append(f"| fork the {args.mb} MB sandbox into 10 | {stats(snap['fork_ms'])} | {len(snap['fork_ms'])} | ≤ 2000 |")
+        lines.append(f"| fork the {args.mb} MiB sandbox into 10 | {stats(snap['fork_ms'])} | {len(snap['fork_ms'])} | ≤ 2000 |")
         lines.append(f"| fork a sandbox with one small file into 10 | {stats(snap['fork_small_ms'])} | {len(snap['fork_small_ms'])} | ≤ 2000 |")
         lines.append(f"| pause (HTTP) | {stats(pause)} | {len(pause)} | ≤ 10 |")
         lines.append(f"| resume (HTTP) | {stats(resume)} | {len(resume)} | ≤ 10 |")

@@ -348,7 +348,9 @@ impl Manager {
                     let Some(extra) = pool.ready.pop_back() else { break };
                     surplus.push(extra.live);
                 }
-                if pool.retry_after.is_some_and(|t| t > now) {
+                // Checked under the lock that guards `starting`, so shutdown either sees this
+                // fill counted or this pass sees the pools closed.
+                if pool.retry_after.is_some_and(|t| t > now) || self.pools.closed.load(Ordering::SeqCst) {
                     continue;
                 }
                 while pool.ready.len() + (pool.starting as usize) < target && pool.starting < FILL_PARALLEL {
