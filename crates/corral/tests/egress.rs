@@ -281,6 +281,7 @@ impl Drop for TestDaemon {
     fn drop(&mut self) {
         let _ = Command::new("kill").arg(self.child.id().to_string()).status();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
 

@@ -163,7 +163,13 @@ impl RunningServer {
             manager.shutdown().await;
         };
         let result = match self.listener {
-            Listener::Tcp(l) => axum::serve(l, self.router).with_graceful_shutdown(shutdown).await,
+            Listener::Tcp(l) => {
+                // Streamed exec output is many small writes; Nagle would hold them back.
+                let l = axum::serve::ListenerExt::tap_io(l, |tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                axum::serve(l, self.router).with_graceful_shutdown(shutdown).await
+            }
             Listener::Unix(l) => axum::serve(l, self.router).with_graceful_shutdown(shutdown).await,
         };
         result.map_err(|e| ServerError::io("serving HTTP", e))
