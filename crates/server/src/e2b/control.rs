@@ -33,14 +33,14 @@ pub struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
 }
 
-fn body<T: for<'de> Deserialize<'de> + Default>(bytes: &[u8]) -> Result<T, RestError> {
+pub(super) fn body<T: for<'de> Deserialize<'de> + Default>(bytes: &[u8]) -> Result<T, RestError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
     serde_json::from_slice(bytes).map_err(|e| RestError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
 }
 
-fn sandbox_json(st: &super::E2b, info: &SandboxInfo) -> Value {
+pub(super) fn sandbox_json(st: &super::E2b, info: &SandboxInfo) -> Value {
     let token = st.token(&info.id);
     json!({
         "templateID": info.template,
@@ -79,8 +79,15 @@ pub async fn create(State(st): State<AppState>, bytes: axum::body::Bytes) -> Res
     // What envd puts in every sandbox's environment; user values win.
     env.entry("E2B_SANDBOX".into()).or_insert_with(|| "true".into());
     env.entry("E2B_TEMPLATE_ID".into()).or_insert_with(|| template.clone());
+    // A snapshot id in place of a template: E2B's `Sandbox.create(snapshot_id)`.
+    let (template, from_snapshot) = if super::snapshot::is_snapshot_id(&template) {
+        (None, Some(template))
+    } else {
+        (Some(template), None)
+    };
     let spec = SandboxSpec {
-        template: Some(template),
+        template,
+        from_snapshot,
         env,
         metadata: request.metadata.unwrap_or_default(),
         timeout: request.timeout.filter(|&t| t > 0),
@@ -91,7 +98,7 @@ pub async fn create(State(st): State<AppState>, bytes: axum::body::Bytes) -> Res
 }
 
 /// A sandbox the E2B API may show (running or paused): E2B forgets sandboxes once they end.
-async fn running(st: &super::E2b, id: &str) -> Result<SandboxInfo, RestError> {
+pub(super) async fn running(st: &super::E2b, id: &str) -> Result<SandboxInfo, RestError> {
     match st.manager.get(id).await {
         Ok(info) if info.state == SandboxState::Running.as_str() || info.state == SandboxState::Paused.as_str() => Ok(info),
         Ok(_) | Err(_) => Err(RestError::new(StatusCode::NOT_FOUND, format!("sandbox \"{id}\" not found"))),

@@ -13,6 +13,7 @@ mod entry;
 mod files;
 mod filesystem;
 mod process;
+mod snapshot;
 
 use std::sync::Arc;
 
@@ -101,6 +102,9 @@ pub fn router(manager: Arc<Manager>, keys: Arc<ApiKeys>, interpreters: Arc<Inter
         .route("/sandboxes/{id}/resume", post(control::connect))
         .route("/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/sandboxes/{id}/snapshots", post(snapshot::create))
+        .route("/sandboxes/{id}/fork", post(snapshot::fork))
+        .route("/templates/{id}", axum::routing::delete(snapshot::delete))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_api_key));
     let sandbox = Router::new()
         .route("/health", get(health))
