@@ -15,6 +15,12 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+# Sandboxes run the host's Debian python3; the rich-output test plots with its matplotlib.
+if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  echo "== installing python3-matplotlib"
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-matplotlib >/dev/null
+fi
+
 venv=target/e2b-venv
 python_deps=("e2b==2.63.0" "e2b-code-interpreter==2.11.5" "pytest" "pytest-asyncio")
 if ! "$venv/bin/python" - <<'EOF' 2>/dev/null; then

@@ -117,3 +117,15 @@ def test_commands_and_files_work_next_to_the_interpreter(code_sandbox):
     code_sandbox.run_code("open('/tmp/from-kernel.txt', 'w').write('k')")
     assert code_sandbox.files.read("/tmp/from-kernel.txt") == "k"
     assert code_sandbox.commands.list() == []
+
+
+def test_matplotlib_figures_come_back_as_png(code_sandbox):
+    code = (
+        "import matplotlib\nimport matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [1, 4, 9])\nplt.title('squares')\nplt.show()"
+    )
+    execution = code_sandbox.run_code(code)
+    assert execution.error is None, execution.error
+    pngs = [r.png for r in execution.results if r.png]
+    assert len(pngs) == 1, execution.results
+    assert base64.b64decode(pngs[0])[:8] == b"\x89PNG\r\n\x1a\n"

@@ -19,10 +19,21 @@ use crate::{JailError, Volume, SANDBOX_HOME, SANDBOX_UID};
 /// Host directories that appear read-only inside (or as the same symlink, on merged-usr hosts).
 const HOST_SYSTEM_DIRS: [&str; 5] = ["usr", "bin", "lib", "lib64", "sbin"];
 /// Host /etc entries copied (files) or bound read-only (directories) into the sandbox.
-const ETC_ALLOW_LIST: [&str; 8] =
-    ["ssl/certs", "ca-certificates.conf", "ld.so.cache", "alternatives", "localtime", "timezone", "bash.bashrc", "profile"];
+/// (`matplotlibrc`: Debian's matplotlib refuses to import without it; `fonts`: fontconfig.)
+const ETC_ALLOW_LIST: [&str; 10] = [
+    "ssl/certs",
+    "ca-certificates.conf",
+    "ld.so.cache",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "bash.bashrc",
+    "profile",
+    "matplotlibrc",
+    "fonts",
+];
 /// The allow-listed entries that are directories, bound read-only once the overlay is up.
-const ETC_BOUND_DIRS: [&str; 2] = ["ssl/certs", "alternatives"];
+const ETC_BOUND_DIRS: [&str; 3] = ["ssl/certs", "alternatives", "fonts"];
 /// Under /proc: files hidden behind /dev/null, dirs made read-only, dirs hidden behind tmpfs.
 const PROC_MASKED_FILES: [&str; 7] =
     ["kcore", "kallsyms", "sysrq-trigger", "timer_list", "sched_debug", "keys", "latency_stats"];

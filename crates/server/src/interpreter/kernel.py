@@ -252,6 +252,8 @@ def _install_display_shim():
     module.display = display
     package = types.ModuleType("IPython")
     package.display = module
+    # Libraries probe for a running IPython (matplotlib does on import); there is none.
+    package.get_ipython = lambda: None
     package.__path__ = []
     sys.modules.setdefault("IPython", package)
     sys.modules.setdefault("IPython.display", module)
