@@ -21,7 +21,7 @@ set +e  # run both suites even if the first fails; the statuses decide the exit 
 ./scripts/e2b-tests.sh 2>&1 | tee "$log"
 e2b_status=${PIPESTATUS[0]}
 # Unit, integration and escape tests.
-cargo test --workspace --locked -- --test-threads=2 2>&1 | tee -a "$log"
+cargo test --workspace --locked --no-fail-fast -- --test-threads=2 2>&1 | tee -a "$log"
 cargo_status=${PIPESTATUS[0]}
 set -e
 

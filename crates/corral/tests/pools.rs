@@ -140,6 +140,11 @@ fn pool_grows_under_demand_and_is_trimmed_back_to_min_when_idle() {
     wait_pool(&daemon, "base", 60, |p| ready(p) == 3);
     let state = wait_pool(&daemon, "base", 30, |p| ready(p) == 1 && p["starting"] == 0);
     assert_eq!(state["target"], 1, "{state}");
+    // Trimmed sandboxes leave the queue first and are destroyed right after.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pooled_ids(&daemon).len() != 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     assert_eq!(pooled_ids(&daemon).len(), 1);
 }
 
