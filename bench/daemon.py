@@ -79,7 +79,7 @@ def start_daemon(corral, data_dir, port):
     # A log file, not a pipe: an unread pipe fills up and blocks the daemon's logging.
     log = open(os.path.join(data_dir, "daemon.log"), "w")
     proc = subprocess.Popen(
-        [corral, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir],
+        [corral, "serve", "--kill-sandboxes-on-exit", "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir],
         env=env, stdout=subprocess.DEVNULL, stderr=log,
     )
     deadline = time.time() + 30

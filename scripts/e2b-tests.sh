@@ -42,7 +42,7 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 # Shaped like an E2B key (older SDKs check the format); corral accepts whatever it is given.
 key="e2b_$(head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 
-CORRAL_API_KEY="$key" target/debug/corral serve --listen "127.0.0.1:$port" --data-dir "$data" >"$data/daemon.log" 2>&1 &
+CORRAL_API_KEY="$key" target/debug/corral serve --kill-sandboxes-on-exit --listen "127.0.0.1:$port" --data-dir "$data" >"$data/daemon.log" 2>&1 &
 daemon=$!
 stop_daemon() {
   if kill -0 "$daemon" 2>/dev/null; then

@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// Accept this API key instead of generating one on first start.
     #[arg(long, env = "CORRAL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Kill every sandbox when the daemon stops. By default they keep running and the next
+    /// start re-attaches them.
+    #[arg(long, env = "CORRAL_KILL_SANDBOXES_ON_EXIT")]
+    pub kill_sandboxes_on_exit: bool,
     /// Make the egress proxy resolve NAME to IP[:PORT] (repeatable); may be a private address.
     #[arg(long = "egress-resolve", value_name = "NAME=IP[:PORT]")]
     pub egress_resolve: Vec<String>,
@@ -62,7 +66,14 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         corral_egress::parse_override(entry)?;
     }
     let egress = corral_server::EgressSettings { resolve: args.egress_resolve, extra_roots: args.egress_trust };
-    let config = ServerConfig { listen: listen.clone(), data_dir: args.data_dir, api_key: args.api_key, egress, pools: args.pools };
+    let config = ServerConfig {
+        listen: listen.clone(),
+        data_dir: args.data_dir,
+        api_key: args.api_key,
+        egress,
+        pools: args.pools,
+        destroy_on_exit: args.kill_sandboxes_on_exit,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let server = corral_server::bind(config, Arc::new(backend)).await?;

@@ -182,6 +182,23 @@ fn sandboxes_survive_a_daemon_crash_and_are_re_attached() {
     assert!(!daemon.data_dir.join("sandboxes").join(&doomed).exists());
 }
 
+#[test]
+fn sandboxes_keep_running_through_a_graceful_daemon_restart() {
+    let mut daemon = Daemon::start_with_env(&[("CORRAL_KILL_SANDBOXES_ON_EXIT", "false")]);
+    let id = daemon.create(json!({}));
+    daemon.exec(&id, "echo kept > /home/user/kept.txt");
+    daemon.exec_with(&id, json!({ "cmd": "sleep 300", "background": true, "tag": "survivor" }));
+    daemon.stop();
+    assert!(!cgroup_dirs_named(&id).is_empty(), "the sandbox died with the daemon");
+    daemon.restart();
+    let info: serde_json::Value = daemon.get(&format!("/v1/sandboxes/{id}")).json().expect("json");
+    assert_eq!(info["state"], "running", "{info}");
+    assert_eq!(daemon.exec(&id, "cat /home/user/kept.txt")["stdout"], "kept\n");
+    let processes: serde_json::Value = daemon.get(&format!("/v1/sandboxes/{id}/processes")).json().expect("json");
+    assert!(processes.to_string().contains("survivor"), "{processes}");
+    assert_eq!(daemon.delete(&format!("/v1/sandboxes/{id}")).status(), 204);
+}
+
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
 }

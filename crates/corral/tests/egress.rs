@@ -287,7 +287,6 @@ impl Drop for TestDaemon {
 
 impl TestDaemon {
     fn start() -> TestDaemon {
-        let up = upstreams();
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let data_dir = std::env::temp_dir().join(format!("corral-egress-daemon-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&data_dir).expect("data dir");
@@ -303,7 +302,7 @@ impl TestDaemon {
     fn spawn(url: &str, data_dir: &std::path::Path, key: &str) -> Child {
         let up = upstreams();
         Command::new(env!("CARGO_BIN_EXE_corral"))
-            .args(["serve", "--listen", url.trim_start_matches("http://"), "--data-dir"])
+            .args(["serve", "--kill-sandboxes-on-exit", "--listen", url.trim_start_matches("http://"), "--data-dir"])
             .arg(data_dir)
             .args(resolve_flags(up))
             .arg("--egress-trust")

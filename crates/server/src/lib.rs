@@ -28,6 +28,9 @@ use corral_jail::Backend;
 
 pub use agent_client::{Chunk, OutputEvent, WaitResult};
 pub use error::ApiError;
+
+/// How long a stopping daemon waits for requests in flight.
+const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 pub use manager::SandboxInfo;
 
 /// Where the HTTP API listens.
@@ -52,6 +55,9 @@ pub struct ServerConfig {
     /// Warm pools from the daemon's configuration (`--pool`, `CORRAL_POOLS`); they override
     /// stored pools of the same template and are stored themselves.
     pub pools: Vec<pools::PoolConfig>,
+    /// Kill every sandbox when the daemon stops. Off by default: sandboxes keep running
+    /// while the daemon is down and are re-attached when it starts again.
+    pub destroy_on_exit: bool,
 }
 
 /// Host-wide egress settings (`corral serve --egress-resolve`, `--egress-trust`).
@@ -90,10 +96,11 @@ pub struct RunningServer {
     manager: Arc<manager::Manager>,
     router: axum::Router,
     generated_api_key: Option<String>,
+    destroy_on_exit: bool,
 }
 
 /// Binds, opens the database, generates the API key and serves until SIGINT/SIGTERM; then
-/// destroys every running sandbox.
+/// leaves sandboxes running for the next start (or destroys them with `destroy_on_exit`).
 pub async fn serve(config: ServerConfig, backend: Arc<dyn Backend>) -> Result<(), ServerError> {
     bind(config, backend).await?.run_until(shutdown_signal()).await
 }
@@ -136,7 +143,7 @@ pub async fn bind(config: ServerConfig, backend: Arc<dyn Backend>) -> Result<Run
         }
     };
     let router = api::router(manager.clone(), Arc::new(keys));
-    Ok(RunningServer { listener, manager, router, generated_api_key })
+    Ok(RunningServer { listener, manager, router, generated_api_key, destroy_on_exit: config.destroy_on_exit })
 }
 
 impl RunningServer {
@@ -156,21 +163,36 @@ impl RunningServer {
     /// Serves until `shutdown` resolves, then destroys every running sandbox.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let manager = self.manager.clone();
-        // Sandboxes go first: that ends their exec/watch streams, which graceful shutdown
-        // would otherwise wait for forever.
+        let destroy = self.destroy_on_exit;
+        let stopping = Arc::new(tokio::sync::Notify::new());
+        let stopped = stopping.clone();
         let shutdown = async move {
             shutdown.await;
-            manager.shutdown().await;
-        };
-        let result = match self.listener {
-            Listener::Tcp(l) => {
-                // Streamed exec output is many small writes; Nagle would hold them back.
-                let l = axum::serve::ListenerExt::tap_io(l, |tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                axum::serve(l, self.router).with_graceful_shutdown(shutdown).await
+            if destroy {
+                // Destroying sandboxes also ends their exec/watch streams.
+                manager.shutdown().await;
+            } else {
+                manager.detach().await;
             }
-            Listener::Unix(l) => axum::serve(l, self.router).with_graceful_shutdown(shutdown).await,
+            stopped.notify_one();
+        };
+        let serving = async move {
+            match self.listener {
+                Listener::Tcp(l) => {
+                    // Streamed exec output is many small writes; Nagle would hold them back.
+                    let l = axum::serve::ListenerExt::tap_io(l, |tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    });
+                    axum::serve(l, self.router).with_graceful_shutdown(shutdown).await
+                }
+                Listener::Unix(l) => axum::serve(l, self.router).with_graceful_shutdown(shutdown).await,
+            }
+        };
+        // Streams of sandboxes that keep running never end by themselves: give requests in
+        // flight a moment, then stop anyway.
+        let result = tokio::select! {
+            result = serving => result,
+            _ = async { stopping.notified().await; tokio::time::sleep(GRACE).await } => Ok(()),
         };
         result.map_err(|e| ServerError::io("serving HTTP", e))
     }

@@ -546,6 +546,17 @@ impl Manager {
     }
 
     /// Destroys every running sandbox; used on daemon shutdown.
+    /// Stops managing without killing: pooled sandboxes are destroyed (nobody owns them),
+    /// user sandboxes keep running and are re-attached by the next daemon start.
+    pub async fn detach(&self) {
+        self.shutdown_pools().await;
+        let lives: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
+        for live in lives {
+            live.mux.lock().await.take();
+        }
+        tracing::info!("sandboxes left running for the next start");
+    }
+
     pub async fn shutdown(&self) {
         self.shutdown_pools().await;
         let lives: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();

@@ -35,6 +35,7 @@ impl TestServer {
             api_key: api_key.map(String::from),
             egress: Default::default(),
             pools: Vec::new(),
+            destroy_on_exit: true,
         };
         let server = bind(config, Arc::new(backend)).await.expect("bind");
         let addr = server.local_addr().expect("tcp address");

@@ -115,6 +115,8 @@ impl Daemon {
 
     fn spawn(url: &str, key: &str, data_dir: &std::path::Path, env: &[(String, String)]) -> std::process::Child {
         Command::new(env!("CARGO_BIN_EXE_corral"))
+            // Tests clean up by stopping the daemon; a test may ask for the default (keep).
+            .env("CORRAL_KILL_SANDBOXES_ON_EXIT", "true")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .args(["serve", "--listen", url.trim_start_matches("http://"), "--data-dir"])
             .arg(data_dir)
@@ -141,6 +143,12 @@ impl Daemon {
     pub fn crash_and_restart(&mut self) {
         self.crash();
         self.restart();
+    }
+
+    /// SIGTERM, and wait for the daemon to exit.
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
     }
 
     /// SIGKILL, no cleanup.
