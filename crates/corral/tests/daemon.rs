@@ -183,6 +183,18 @@ fn sandboxes_survive_a_daemon_crash_and_are_re_attached() {
 }
 
 #[test]
+fn metrics_report_cpu_memory_and_pids_of_the_sandbox() {
+    let daemon = Daemon::start();
+    let id = daemon.create(json!({ "memory": "256M" }));
+    daemon.exec(&id, "python3 -c 'import time\nx = bytearray(32 << 20)\nend = time.time() + 0.5\nwhile time.time() < end: pass'");
+    let metrics: serde_json::Value = daemon.get(&format!("/v1/sandboxes/{id}/metrics")).json().expect("json");
+    assert!(metrics["cpu_usage_usec"].as_u64().unwrap_or(0) >= 300_000, "{metrics}");
+    assert_eq!(metrics["memory_limit_bytes"].as_u64(), Some(256 << 20), "{metrics}");
+    assert!(metrics["memory_bytes"].as_u64().unwrap_or(0) > 0, "{metrics}");
+    assert!(metrics["pids"].as_u64().unwrap_or(0) >= 1, "{metrics}");
+}
+
+#[test]
 fn sandboxes_keep_running_through_a_graceful_daemon_restart() {
     let mut daemon = Daemon::start_with_env(&[("CORRAL_KILL_SANDBOXES_ON_EXIT", "false")]);
     let id = daemon.create(json!({}));

@@ -11,6 +11,8 @@ use crate::{JailError, ResolvedLimits, ResourceUsage};
 const CPU_PERIOD_US: u64 = 100_000;
 /// v1 controllers corral uses; `freezer` pauses and kills reliably.
 const V1_CONTROLLERS: [&str; 4] = ["memory", "cpu", "pids", "freezer"];
+/// CPU accounting, when mounted apart from `cpu` (co-mounted `cpu,cpuacct` needs nothing more).
+const V1_OPTIONAL: [&str; 1] = ["cpuacct"];
 
 #[derive(Debug, Clone)]
 pub enum CgroupLayout {
@@ -48,9 +50,13 @@ impl CgroupLayout {
             return Ok(CgroupLayout::V2 { parent });
         }
         let mut parents = Vec::new();
-        for controller in V1_CONTROLLERS {
-            let mount = v1_mount(&mountinfo, controller)
-                .ok_or_else(|| JailError::Unsupported(format!("cgroup v1 controller {controller} is not mounted")))?;
+        for controller in V1_CONTROLLERS.iter().chain(V1_OPTIONAL.iter()).copied() {
+            let Some(mount) = v1_mount(&mountinfo, controller) else {
+                if V1_OPTIONAL.contains(&controller) {
+                    continue;
+                }
+                return Err(JailError::Unsupported(format!("cgroup v1 controller {controller} is not mounted")));
+            };
             let rel = own
                 .lines()
                 .find_map(|l| {
@@ -60,6 +66,9 @@ impl CgroupLayout {
                 })
                 .unwrap_or_else(|| "/".to_string());
             let parent = mount.join(rel.trim_start_matches('/')).join("corral");
+            if parents.iter().any(|(_, p)| *p == parent) {
+                continue; // co-mounted with a controller already handled
+            }
             fs::create_dir_all(&parent).map_err(|e| os("create", &parent, e))?;
             parents.push((controller.to_string(), parent));
         }
@@ -208,7 +217,7 @@ impl SandboxCgroup {
             ResourceUsage {
                 memory_bytes: number(read("memory", "memory.usage_in_bytes")),
                 memory_limit_bytes: number(read("memory", "memory.limit_in_bytes")),
-                cpu_usage_usec: number(read("cpu", "cpuacct.usage")) / 1000,
+                cpu_usage_usec: number(read("cpuacct", "cpuacct.usage").or_else(|| read("cpu", "cpuacct.usage"))) / 1000,
                 pids: number(read("pids", "pids.current")),
                 oom_kills: keyed(read("memory", "memory.oom_control"), "oom_kill "),
                 pids_limit_hits: keyed(read("pids", "pids.events"), "max "),
