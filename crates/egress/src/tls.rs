@@ -10,7 +10,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-use crate::audit::civil_from_days;
+use corral_spec::time::civil_from_days;
 use crate::EgressError;
 
 const CA_CERT_FILE: &str = "egress-ca.pem";

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use axum::http::StatusCode;
 use base64::Engine as _;
 use bytes::Bytes;
-use corral_proto::{Event, ExecSpec, Message, Mux, MuxError, Request, StreamReceiver, StreamSender, CHANNEL_STDERR, CHANNEL_STDIN, CHANNEL_STDOUT};
-use futures::Stream;
+use corral_proto::{Event, ExecSpec, FileEntry, Message, Mux, MuxError, Request, StreamReceiver, StreamSender, CHANNEL_FILE, CHANNEL_STDERR, CHANNEL_STDIN, CHANNEL_STDOUT};
+use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -55,6 +55,76 @@ async fn next_batch(rx: &mut StreamReceiver) -> Result<Option<Event>, ApiError> 
         Ok(event) => Ok(event),
         Err(e) => Err(ApiError::from_mux(e)),
     }
+}
+
+/// Streams `data` into a file through the agent (`request` is a `WriteFile`) and answers the
+/// written file's entry. The agent may refuse (e.g. permission denied) before reading
+/// everything, so its answer is listened for while uploading; otherwise the upload would wait
+/// for credit forever.
+pub async fn write_file(
+    mux: &Mux,
+    request: &Request,
+    data: impl Stream<Item = Result<Bytes, ApiError>> + Send + Unpin,
+) -> Result<FileEntry, ApiError> {
+    let (mut tx, mut rx) = mux.open(request).map_err(ApiError::from_mux)?.split();
+    let send = send_all(&mut tx, data);
+    tokio::pin!(send);
+    let answer = tokio::select! {
+        sent = &mut send => match sent {
+            Ok(()) => first_answer(&mut rx).await?,
+            Err(send_err) => {
+                // An agent that refuses may reset the stream right after saying why; its
+                // reason beats "stream was reset".
+                let reason = tokio::time::timeout(std::time::Duration::from_secs(1), first_answer(&mut rx)).await;
+                return Err(match reason {
+                    Ok(Err(agent_err)) if agent_err.code != "agent_error" => agent_err,
+                    _ => send_err,
+                });
+            }
+        },
+        // Anything but an error before the end of the upload is out of order.
+        early = first_answer(&mut rx) => return Err(match early {
+            Ok(event) => unexpected(&event),
+            Err(err) => err,
+        }),
+    };
+    match answer {
+        Event::Entry(entry) => Ok(entry),
+        other => Err(unexpected(&other)),
+    }
+}
+
+async fn send_all(tx: &mut StreamSender, mut data: impl Stream<Item = Result<Bytes, ApiError>> + Unpin) -> Result<(), ApiError> {
+    while let Some(chunk) = data.next().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                tx.reset();
+                return Err(e);
+            }
+        };
+        if !chunk.is_empty() {
+            tx.send_data(CHANNEL_FILE, &chunk).await.map_err(ApiError::from_mux)?;
+        }
+    }
+    tx.end().map_err(ApiError::from_mux)
+}
+
+/// The DATA of a file being read, as a byte stream for an HTTP body. An error mid-file ends the
+/// stream with an error, so the client sees a truncated transfer rather than a short file.
+pub fn file_data(rx: StreamReceiver) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    futures::stream::unfold(Some(rx), |rx| async move {
+        let mut rx = rx?;
+        loop {
+            return match rx.recv().await {
+                Some(Ok(Message::Data { bytes, .. })) => Some((Ok(bytes), Some(rx))),
+                Some(Ok(Message::Event(Event::Error { message, .. }))) => Some((Err(std::io::Error::other(message)), None)),
+                Some(Ok(Message::Event(_))) => continue,
+                Some(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
+                None => None,
+            };
+        }
+    })
 }
 
 /// The next event on a stream, with the agent's `Error` turned into an `ApiError`.

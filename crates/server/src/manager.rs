@@ -110,6 +110,20 @@ struct Live {
 }
 
 impl Live {
+    fn new(id: String, sandbox: Box<dyn Sandbox>, slot: u32, run_dir: PathBuf, egress: Arc<corral_egress::SandboxEgress>, paused: bool) -> Arc<Live> {
+        Arc::new(Live {
+            id,
+            address: sandbox.agent_address(),
+            sandbox,
+            mux: tokio::sync::Mutex::new(None),
+            slot,
+            run_dir,
+            released: tokio::sync::Mutex::new(false),
+            egress: Some(egress),
+            paused: std::sync::atomic::AtomicBool::new(paused),
+        })
+    }
+
     async fn agent(&self) -> Result<Mux, ApiError> {
         let mut current = self.mux.lock().await;
         if let Some(mux) = current.as_ref().filter(|m| !m.is_closed()) {
@@ -213,42 +227,8 @@ impl Manager {
 
     async fn create_inner(&self, spec: SandboxSpec, limits: ResolvedLimits) -> Result<SandboxInfo, ApiError> {
         let slot = self.alloc_slot()?;
-        let now = now_ms();
-        let timeout_secs = spec.timeout_secs();
-        let mut row = SandboxRow {
-            id: new_id(),
-            spec,
-            limits,
-            state: State::Creating,
-            created_at: now,
-            expires_at: now.saturating_add(timeout_secs as i64 * 1000),
-            timeout_secs,
-            host_pid: None,
-            agent_address: None,
-            host_id_base: slot_base(slot),
-            ended_at: None,
-            end_reason: None,
-            paused_at: None,
-            remaining_ms: None,
-            hibernated: None,
-        };
-        // Recorded before starting, so a crash mid-start leaves a trace for the next run.
-        if let Err(e) = self.db.insert_sandbox(row.clone()).await {
-            self.free_slot(slot);
-            return Err(e.into());
-        }
-        let run_dir = self.sandboxes_dir.join(&row.id);
-        let live = match self.start_from(&row, slot, run_dir.clone()).await {
-            Ok(live) => live,
-            Err(err) => {
-                remove_dir(run_dir).await;
-                if let Err(e) = self.db.delete_sandbox(&row.id).await {
-                    tracing::error!(id = %row.id, %e, "could not delete the row of a failed sandbox");
-                }
-                self.free_slot(slot);
-                return Err(err);
-            }
-        };
+        let mut row = new_row(spec, limits, slot, State::Creating);
+        let live = self.record_and_start(&row, slot).await?;
         row.state = State::Running;
         row.host_pid = live.sandbox.host_pid();
         row.agent_address = Some(live.address.clone());
@@ -261,16 +241,45 @@ impl Manager {
         Ok(SandboxInfo::from(&row))
     }
 
+    /// Records `row` (so a crash mid-start leaves a trace for the next run), then starts it.
+    /// On failure nothing is left behind: no row, no run dir, no id slot.
+    async fn record_and_start(&self, row: &SandboxRow, slot: u32) -> Result<Arc<Live>, ApiError> {
+        if let Err(e) = self.db.insert_sandbox(row.clone()).await {
+            self.free_slot(slot);
+            return Err(e.into());
+        }
+        let run_dir = self.sandboxes_dir.join(&row.id);
+        match self.start_from(row, slot, run_dir.clone()).await {
+            Ok(live) => Ok(live),
+            Err(err) => {
+                remove_dir(run_dir).await;
+                if let Err(e) = self.db.delete_sandbox(&row.id).await {
+                    tracing::error!(id = %row.id, %e, "could not delete the row of a failed sandbox");
+                }
+                self.free_slot(slot);
+                Err(err)
+            }
+        }
+    }
+
     /// [`Manager::start`], then the snapshot the spec names (if any) applied inside.
     async fn start_from(&self, row: &SandboxRow, slot: u32, run_dir: PathBuf) -> Result<Arc<Live>, ApiError> {
+        let Some(snapshot_id) = &row.spec.from_snapshot else { return self.start(row, slot, run_dir).await };
+        let snapshot = self.snapshots.get(snapshot_id).await?.ok_or_else(|| ApiError::not_found(format!("no snapshot {snapshot_id:?}")))?;
+        self.start_restored(row, slot, run_dir, &snapshot).await
+    }
+
+    /// [`Manager::start`], then `snapshot`'s layer applied inside; the new sandbox is destroyed
+    /// again if that fails. Used by create-from, rollback and waking a hibernated sandbox.
+    async fn start_restored(
+        &self,
+        row: &SandboxRow,
+        slot: u32,
+        run_dir: PathBuf,
+        snapshot: &crate::snapshots::SnapshotInfo,
+    ) -> Result<Arc<Live>, ApiError> {
         let live = self.start(row, slot, run_dir).await?;
-        let Some(snapshot_id) = &row.spec.from_snapshot else { return Ok(live) };
-        let restored = match self.snapshots.get(snapshot_id).await {
-            Ok(Some(snapshot)) => self.restore_layer(&live, &snapshot).await,
-            Ok(None) => Err(ApiError::not_found(format!("no snapshot {snapshot_id:?}"))),
-            Err(e) => Err(e.into()),
-        };
-        if let Err(err) = restored {
+        if let Err(err) = self.restore_layer(&live, snapshot).await {
             let l = live.clone();
             let _ = tokio::task::spawn_blocking(move || l.sandbox.destroy()).await;
             return Err(err);
@@ -290,17 +299,7 @@ impl Manager {
             .await
             .map_err(|e| ApiError::internal(format!("start task failed: {e}")))?
             .map_err(jail_error)?;
-        let live = Arc::new(Live {
-            id: row.id.clone(),
-            address: sandbox.agent_address(),
-            sandbox,
-            mux: tokio::sync::Mutex::new(None),
-            slot,
-            run_dir,
-            released: tokio::sync::Mutex::new(false),
-            egress: Some(egress),
-            paused: std::sync::atomic::AtomicBool::new(false),
-        });
+        let live = Live::new(row.id.clone(), sandbox, slot, run_dir, egress, false);
         if let Err(err) = self.trust_ca(&live).await {
             let l = live.clone();
             let _ = tokio::task::spawn_blocking(move || l.sandbox.destroy()).await;
@@ -519,6 +518,29 @@ impl Manager {
 
     fn free_slot(&self, slot: u32) {
         lock(&self.slots).remove(&slot);
+    }
+}
+
+/// A fresh row for a sandbox about to start in `slot`; pooled sandboxes have no timeout yet.
+fn new_row(spec: SandboxSpec, limits: ResolvedLimits, slot: u32, state: State) -> SandboxRow {
+    let now = now_ms();
+    let timeout_secs = if state == State::Pooled { 0 } else { spec.timeout_secs() };
+    SandboxRow {
+        id: new_id(),
+        spec,
+        limits,
+        state,
+        created_at: now,
+        expires_at: now.saturating_add(timeout_secs as i64 * 1000),
+        timeout_secs,
+        host_pid: None,
+        agent_address: None,
+        host_id_base: slot_base(slot),
+        ended_at: None,
+        end_reason: None,
+        paused_at: None,
+        remaining_ms: None,
+        hibernated: None,
     }
 }
 

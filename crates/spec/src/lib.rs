@@ -10,6 +10,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 mod network;
+pub mod time;
 pub use network::{canonical, normalize_domain, validate_secret_name, NetworkPolicy, NetworkSpec, Rule, RuleTarget};
 
 pub const DEFAULT_TEMPLATE: &str = "base";

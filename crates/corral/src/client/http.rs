@@ -55,6 +55,22 @@ impl Api {
     pub fn json<T: DeserializeOwned>(&self, builder: RequestBuilder) -> Result<T> {
         self.send(builder)?.json().context("reading the daemon's answer")
     }
+
+    /// One request per id (`path` builds the path from the encoded id): prints each id that
+    /// succeeded, reports each failure, and answers the exit code (1 if any failed).
+    pub fn each_id(&self, ids: &[String], method: Method, path: impl Fn(&str) -> String) -> i32 {
+        let mut code = 0;
+        for id in ids {
+            match self.send(self.request(method.clone(), &path(&segment(id)))) {
+                Ok(_) => println!("{id}"),
+                Err(err) => {
+                    eprintln!("error: {id}: {err:#}");
+                    code = 1;
+                }
+            }
+        }
+        code
+    }
 }
 
 fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {

@@ -256,17 +256,7 @@ pub struct KillArgs {
 
 fn kill(args: KillArgs) -> Result<i32> {
     let api = Api::new(&args.conn)?;
-    let mut code = 0;
-    for id in &args.ids {
-        match api.send(api.request(Method::DELETE, &format!("/v1/sandboxes/{}", segment(id)))) {
-            Ok(_) => println!("{id}"),
-            Err(err) => {
-                eprintln!("error: {id}: {err:#}");
-                code = 1;
-            }
-        }
-    }
-    Ok(code)
+    Ok(api.each_id(&args.ids, Method::DELETE, |id| format!("/v1/sandboxes/{id}")))
 }
 
 #[derive(Args, Debug)]

@@ -20,17 +20,7 @@ pub struct IdsArgs {
 /// `corral pause` / `corral resume`: one POST per id; prints the ids that succeeded.
 pub fn pause_or_resume(args: IdsArgs, action: &str) -> Result<i32> {
     let api = Api::new(&args.conn)?;
-    let mut code = 0;
-    for id in &args.ids {
-        match api.send(api.request(Method::POST, &format!("/v1/sandboxes/{}/{action}", segment(id)))) {
-            Ok(_) => println!("{id}"),
-            Err(err) => {
-                eprintln!("error: {id}: {err:#}");
-                code = 1;
-            }
-        }
-    }
-    Ok(code)
+    Ok(api.each_id(&args.ids, Method::POST, |id| format!("/v1/sandboxes/{id}/{action}")))
 }
 
 #[derive(Args, Debug)]
@@ -129,17 +119,7 @@ pub fn snapshots(cmd: SnapshotsCommand) -> Result<i32> {
         }
         SnapshotsCommand::Rm { ids, conn } => {
             let api = Api::new(&conn)?;
-            let mut code = 0;
-            for id in &ids {
-                match api.send(api.request(Method::DELETE, &format!("/v1/snapshots/{}", segment(id)))) {
-                    Ok(_) => println!("{id}"),
-                    Err(err) => {
-                        eprintln!("error: {id}: {err:#}");
-                        code = 1;
-                    }
-                }
-            }
-            Ok(code)
+            Ok(api.each_id(&ids, Method::DELETE, |id| format!("/v1/snapshots/{id}")))
         }
     }
 }

@@ -1,7 +1,6 @@
 //! File routes. Contents stream through in both directions: nothing holds a whole file.
 
 use std::convert::Infallible;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -10,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use corral_proto::{Event, FileKind, Message, MuxError, Request, StreamReceiver, StreamSender, CHANNEL_FILE};
+use corral_proto::{Event, FileKind, Message, MuxError, Request, StreamReceiver, StreamSender};
 use futures::StreamExt;
 use serde::Deserialize;
 
@@ -35,19 +34,7 @@ pub async fn read(State(m): State<AppState>, ApiPath(id): ApiPath<String>, ApiQu
         Event::Entry(entry) => entry,
         other => return Err(unexpected(&other)),
     };
-    let body = Body::from_stream(futures::stream::unfold(Some(rx), |rx| async move {
-        let mut rx = rx?;
-        loop {
-            return match rx.recv().await {
-                Some(Ok(Message::Data { bytes, .. })) => Some((Ok(bytes), Some(rx))),
-                Some(Ok(Message::Event(Event::Error { message, .. }))) => Some((Err(std::io::Error::other(message)), None)),
-                Some(Ok(Message::Event(_))) => continue,
-                // An error mid-body aborts the response, so the client sees a truncated transfer.
-                Some(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
-                None => None,
-            };
-        }
-    }));
+    let body = Body::from_stream(crate::agent_client::file_data(rx));
     let mut response = ([(CONTENT_TYPE, "application/octet-stream")], body).into_response();
     if entry.kind == FileKind::File {
         response.headers_mut().insert(CONTENT_LENGTH, entry.size.into());
@@ -86,46 +73,9 @@ pub async fn write(
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let mux = m.agent(&id).await?;
     let request = Request::WriteFile { path: q.path, user: q.user, mode, append: q.append };
-    let (mut tx, mut rx) = mux.open(&request).map_err(ApiError::from_mux)?.split();
-    let upload = upload(&mut tx, body);
-    tokio::pin!(upload);
-    // The agent may refuse (e.g. permission denied) before reading everything: listen for
-    // that while uploading, or the upload would wait for credit forever.
-    let answer = tokio::select! {
-        uploaded = &mut upload => match uploaded {
-            Ok(()) => first_answer(&mut rx).await?,
-            Err(upload_err) => {
-                // An agent that refuses may reset the stream right after saying why; its
-                // reason beats "stream was reset".
-                let reason = tokio::time::timeout(Duration::from_secs(1), first_answer(&mut rx)).await;
-                return Err(match reason {
-                    Ok(Err(agent_err)) if agent_err.code != "agent_error" => agent_err,
-                    _ => upload_err,
-                });
-            }
-        },
-        early = first_answer(&mut rx) => {
-            let early = early?;
-            // Anything but an error before the end of the upload is out of order.
-            return Err(unexpected(&early));
-        }
-    };
-    match answer {
-        Event::Entry(entry) => Ok(Json(entry).into_response()),
-        other => Err(unexpected(&other)),
-    }
-}
-
-async fn upload(tx: &mut StreamSender, body: Body) -> Result<(), ApiError> {
-    let mut chunks = body.into_data_stream();
-    while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|e| {
-            tx.reset();
-            ApiError::bad_request(format!("reading the upload: {e}"))
-        })?;
-        tx.send_data(CHANNEL_FILE, &chunk).await.map_err(ApiError::from_mux)?;
-    }
-    tx.end().map_err(ApiError::from_mux)
+    let data = body.into_data_stream().map(|chunk| chunk.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}"))));
+    let entry = agent_client::write_file(&mux, &request, data).await?;
+    Ok(Json(entry).into_response())
 }
 
 async fn answer(m: &AppState, id: &str, request: Request) -> Result<Response, ApiError> {

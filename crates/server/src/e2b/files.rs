@@ -2,7 +2,6 @@
 //! (optionally gzipped) octet stream. Contents stream through; nothing holds a whole file.
 
 use std::io::Write as _;
-use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Query, Request, State};
@@ -10,7 +9,7 @@ use axum::http::header::{CONTENT_DISPOSITION, CONTENT_ENCODING, CONTENT_LENGTH, 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use corral_proto::{Event, FileEntry, FileKind, Message, Request as AgentRequest, StreamSender, CHANNEL_FILE};
+use corral_proto::{Event, FileEntry, FileKind, Request as AgentRequest};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
@@ -92,19 +91,7 @@ pub async fn download(State(st): State<AppState>, sandbox: Sandbox, Query(q): Qu
     if entry.kind == FileKind::Dir {
         return error(StatusCode::BAD_REQUEST, format!("path '{path}' is a directory"));
     }
-    let body = Body::from_stream(futures::stream::unfold(Some(rx), |rx| async move {
-        let mut rx = rx?;
-        loop {
-            return match rx.recv().await {
-                Some(Ok(Message::Data { bytes, .. })) => Some((Ok(bytes), Some(rx))),
-                Some(Ok(Message::Event(Event::Error { message, .. }))) => Some((Err(std::io::Error::other(message)), None)),
-                Some(Ok(Message::Event(_))) => continue,
-                // Aborting the body makes the client see a truncated transfer, not a short file.
-                Some(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
-                None => None,
-            };
-        }
-    }));
+    let body = Body::from_stream(crate::agent_client::file_data(rx));
     let disposition = format!("inline; filename=\"{}\"", entry.name.replace(['"', '\\', '\r', '\n'], "_"));
     let mut response = ([(CONTENT_TYPE, "application/octet-stream")], body).into_response();
     if let Ok(value) = disposition.parse() {
@@ -219,44 +206,5 @@ async fn write_file(
         return Err(ApiError::bad_request("the path contains a NUL byte"));
     }
     let request = AgentRequest::WriteFile { path: path.to_owned(), user, mode: None, append: false };
-    let (mut tx, mut rx) = sandbox.mux.open(&request).map_err(ApiError::from_mux)?.split();
-    let send = send_all(&mut tx, data);
-    tokio::pin!(send);
-    let answer = tokio::select! {
-        sent = &mut send => match sent {
-            Ok(()) => first_answer(&mut rx).await?,
-            Err(send_err) => {
-                // The agent's own reason (e.g. permission denied) beats "stream was reset".
-                let reason = tokio::time::timeout(Duration::from_secs(1), first_answer(&mut rx)).await;
-                return Err(match reason {
-                    Ok(Err(agent_err)) if agent_err.code != "agent_error" => agent_err,
-                    _ => send_err,
-                });
-            }
-        },
-        early = first_answer(&mut rx) => return Err(match early {
-            Ok(event) => unexpected(&event),
-            Err(err) => err,
-        }),
-    };
-    match answer {
-        Event::Entry(entry) => Ok(entry),
-        other => Err(unexpected(&other)),
-    }
-}
-
-async fn send_all(tx: &mut StreamSender, mut data: impl Stream<Item = Result<Bytes, ApiError>> + Unpin) -> Result<(), ApiError> {
-    while let Some(chunk) = data.next().await {
-        let chunk = match chunk {
-            Ok(chunk) => chunk,
-            Err(e) => {
-                tx.reset();
-                return Err(e);
-            }
-        };
-        if !chunk.is_empty() {
-            tx.send_data(CHANNEL_FILE, &chunk).await.map_err(ApiError::from_mux)?;
-        }
-    }
-    tx.end().map_err(ApiError::from_mux)
+    crate::agent_client::write_file(&sandbox.mux, &request, data).await
 }

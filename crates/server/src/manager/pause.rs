@@ -196,18 +196,7 @@ impl Manager {
         let slot = self.alloc_slot()?;
         row.host_id_base = super::slot_base(slot);
         let run_dir = self.sandboxes_dir.join(&id);
-        let started = match self.start(&row, slot, run_dir.clone()).await {
-            Ok(live) => match self.restore_layer(&live, &snapshot).await {
-                Ok(()) => Ok(live),
-                Err(err) => {
-                    let l = live.clone();
-                    let _ = tokio::task::spawn_blocking(move || l.sandbox.destroy()).await;
-                    Err(err)
-                }
-            },
-            Err(err) => Err(err),
-        };
-        let live = match started {
+        let live = match self.start_restored(&row, slot, run_dir.clone(), &snapshot).await {
             Ok(live) => live,
             Err(err) => {
                 super::remove_dir(run_dir).await;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use corral_proto::{Event, Request};
 use corral_spec::{ResolvedLimits, SandboxSpec};
 
-use super::{jail_config, jail_error, lock, new_id, remove_dir, slot_base, Live, Manager, SandboxInfo};
+use super::{jail_config, jail_error, lock, new_row, remove_dir, slot_base, Live, Manager, SandboxInfo};
 use crate::db::{DbError, SandboxRow, State};
 use crate::error::ApiError;
 use crate::pools::{PoolConfig, PoolStats, PoolStore};
@@ -260,39 +260,8 @@ impl Manager {
         let spec = SandboxSpec { template: Some(template.to_string()), ..Default::default() };
         let limits = spec.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
         let slot = self.alloc_slot()?;
-        let now = now_ms();
-        let row = SandboxRow {
-            id: new_id(),
-            spec,
-            limits,
-            state: State::Pooled,
-            created_at: now,
-            expires_at: now,
-            timeout_secs: 0,
-            host_pid: None,
-            agent_address: None,
-            host_id_base: slot_base(slot),
-            ended_at: None,
-            end_reason: None,
-            paused_at: None,
-            remaining_ms: None,
-            hibernated: None,
-        };
-        // Recorded first, so a crash mid-start leaves a row the next run cleans up.
-        if let Err(e) = self.db.insert_sandbox(row.clone()).await {
-            self.free_slot(slot);
-            return Err(e.into());
-        }
-        let run_dir = self.sandboxes_dir.join(&row.id);
-        let live = match self.start(&row, slot, run_dir.clone()).await {
-            Ok(live) => live,
-            Err(err) => {
-                remove_dir(run_dir).await;
-                let _ = self.db.delete_sandbox(&row.id).await;
-                self.free_slot(slot);
-                return Err(err);
-            }
-        };
+        let row = new_row(spec, limits, slot, State::Pooled);
+        let live = self.record_and_start(&row, slot).await?;
         let (id, pid, address) = (row.id.clone(), live.sandbox.host_pid(), serde_json::to_string(&live.address));
         let recorded = match address {
             Ok(address) => self

@@ -1,8 +1,6 @@
 //! Picking up where an earlier daemon process left off: sandboxes keep running while the
 //! daemon is down (stopped, restarted or crashed) and are re-attached on start.
 
-use std::sync::Arc;
-
 use corral_jail::ID_RANGE;
 
 use super::{jail_config, lock, remove_dir, Live, Manager, FIRST_HOST_ID};
@@ -32,17 +30,8 @@ impl Manager {
             };
             match recovered {
                 Some(sandbox) => {
-                    let live = Arc::new(Live {
-                        id: row.id.clone(),
-                        address: sandbox.agent_address(),
-                        sandbox,
-                        mux: tokio::sync::Mutex::new(None),
-                        slot,
-                        run_dir,
-                        released: tokio::sync::Mutex::new(false),
-                        egress: Some(self.egress.for_recovered_sandbox(&row).await),
-                        paused: std::sync::atomic::AtomicBool::new(row.state == State::Paused),
-                    });
+                    let egress = self.egress.for_recovered_sandbox(&row).await;
+                    let live = Live::new(row.id.clone(), sandbox, slot, run_dir, egress, row.state == State::Paused);
                     // The previous run may have died between freezing and recording it (or
                     // the reverse): the database says what the sandbox should be.
                     if let Err(err) = self.converge_frozen(&live, row.state == State::Paused).await {

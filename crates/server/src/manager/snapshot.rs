@@ -246,18 +246,7 @@ impl Manager {
         if let Some(state) = self.interpreter_state() {
             state.forget(&id);
         }
-        let started = match self.start(&row, old.slot, old.run_dir.clone()).await {
-            Ok(live) => match self.restore_layer(&live, &snapshot).await {
-                Ok(()) => Ok(live),
-                Err(err) => {
-                    let l = live.clone();
-                    let _ = tokio::task::spawn_blocking(move || l.sandbox.destroy()).await;
-                    Err(err)
-                }
-            },
-            Err(err) => Err(err),
-        };
-        let live = match started {
+        let live = match self.start_restored(&row, old.slot, old.run_dir.clone(), &snapshot).await {
             Ok(live) => live,
             Err(err) => {
                 lock(&self.live).remove(&id);
